@@ -1,0 +1,182 @@
+/*
+ * nexus.h — the one C ABI of libnexus.
+ *
+ * Rules of this boundary:
+ *  - Every function returns an int32 status (NEXUS_OK = 0) unless it is a pure getter documented otherwise.
+ *  - No C++ exception ever crosses it: each entry point catches everything and stores a thread-local message,
+ *    retrievable with nexus_last_error().
+ *  - Callers own every buffer they pass in. libnexus never hands the caller memory to free, except opaque handles,
+ *    which have a matching *_free / *_close function.
+ *  - Integers are sized; all multi-byte file fields are little-endian.
+ */
+#ifndef NEXUS_H
+#define NEXUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status codes */
+#define NEXUS_OK 0
+#define NEXUS_ERR_INVALID 1  /* bad argument: null pointer, out-of-range value, wrong size */
+#define NEXUS_ERR_IO 2       /* open/read/write/rename/mmap failed (errno text in the message) */
+#define NEXUS_ERR_FORMAT 3   /* a file is malformed: wrong magic, version, truncated, checksum, bad field */
+#define NEXUS_ERR_NOMEM 4    /* allocation failed or arena exhausted */
+#define NEXUS_ERR_INTERNAL 5 /* a caught exception that is not one of the above */
+
+/* Message of the last failing call on this thread ("" if none). Valid until the next call on this thread. */
+const char *nexus_last_error(void);
+/* Library version string, e.g. "0.1.0". */
+const char *nexus_version(void);
+
+/* ---------------------------------------------------------------- SIMD dispatch */
+#define NEXUS_SIMD_SCALAR 0
+#define NEXUS_SIMD_AVX2 1
+#define NEXUS_SIMD_AVX512 2      /* AVX-512F/BW (+F16C) */
+#define NEXUS_SIMD_AVX512_VNNI 3 /* AVX-512 with VNNI */
+#define NEXUS_SIMD_NEON 4
+
+/* The level in use, chosen once at first use from CPUID, or forced to scalar when the environment variable
+ * NEXUS_FORCE_SCALAR is set to a non-empty value other than "0" at the time of the first call. */
+int32_t nexus_simd_level(void);
+/* Human-readable name of a level ("scalar", "avx2", "avx512", "avx512_vnni", "neon"). */
+const char *nexus_simd_name(int32_t level);
+/* Override the level for this process (testing). Levels the CPU cannot run are refused with NEXUS_ERR_INVALID. */
+int32_t nexus_simd_set_level(int32_t level);
+
+/* ---------------------------------------------------------------- recompute schedule, eq. (2) */
+/* R(n_past) in percent: r_base for n_past <= m; then r_base + (n_past - m) / (m (k - 1)) * (100 - r_base), clamped
+ * to [r_base, 100]. Requires m > 0, k > 1, 0 <= r_base <= 100, n_past >= 0. */
+int32_t nexus_eff_pct(int64_t n_past, int64_t m, double r_base, double k, double *out_pct);
+
+/* ---------------------------------------------------------------- RoPE re-rotation of F16 K rows */
+#define NEXUS_ROPE_NORM 0 /* adjacent pairs (x[2i], x[2i+1]); llama.cpp LLAMA_ROPE_TYPE_NORM */
+#define NEXUS_ROPE_NEOX 2 /* half-split pairs (x[i], x[i + n_rot/2]); llama.cpp LLAMA_ROPE_TYPE_NEOX */
+
+/* Rotate n_rows K rows, each n_heads * head_dim F16 values (row stride = n_heads * head_dim elements), by the angle
+ * delta * freq_scale * freq_base^(-2i / n_rot) for pair i < n_rot/2 of every head. Dims >= n_rot are copied unchanged.
+ * `in` and `out` may be the same buffer (in place). n_rot must be even and <= head_dim. */
+int32_t nexus_rope_rotate_f16(const uint16_t *in, uint16_t *out, int64_t n_rows, int32_t n_heads, int32_t head_dim,
+                              int32_t n_rot, int32_t rope_type, float freq_base, float freq_scale, int64_t delta);
+
+/* ---------------------------------------------------------------- INT8 semantic lookaside buffer */
+/* Per-vector symmetric quantization: scale[i] = max|x[i,:]| / 127 (1.0 for an all-zero row),
+ * q[i,j] = clamp(round_half_away(x[i,j] / scale[i]), -127, 127). x is row-major [n, dim] float32. */
+int32_t nexus_quantize_i8(const float *x, int64_t n, int32_t dim, int8_t *q_out, float *scales_out);
+
+/* Exact int32 dot products of one query against n vectors: dots[i] = sum_j db[i,j] * query[j]. */
+int32_t nexus_slb_dots(const int8_t *db, int64_t n, int32_t dim, const int8_t *query, int32_t *dots_out);
+
+/* Top-k scan. score[i] = (float)dots[i] * db_scales[i] * query_scale (db_scales may be NULL: 1.0 each).
+ * Returns min(k, n) results ordered by score descending, ties broken by the lower index.
+ * Results are identical on every SIMD level (integer arithmetic, same float expression). */
+int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
+                       float query_scale, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out);
+
+/* Benchmark helper: run nexus_slb_topk n_reps times after n_warmup untimed runs, writing each run's wall time in
+ * nanoseconds into ns_out[n_reps] (steady clock, measured inside the library: no FFI in the timing). */
+int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
+                             float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps, double *ns_out);
+
+/* ---------------------------------------------------------------- radix trie over token-id sequences */
+typedef struct nexus_trie nexus_trie;
+int32_t nexus_trie_create(nexus_trie **out);
+void nexus_trie_free(nexus_trie *trie);
+/* Insert a non-empty sequence with a caller-chosen value (e.g. the tool index, >= 0). Re-inserting replaces it. */
+int32_t nexus_trie_insert(nexus_trie *trie, const int32_t *tokens, int64_t n, int32_t value);
+/* For a prefix (n may be 0): the distinct allowed next tokens in ascending order (at most cap written; *n_next is the
+ * total count, so a caller can retry with a bigger buffer), and *terminal_value = the value of the sequence that ends
+ * exactly at this prefix, or -1. A prefix that is in no sequence gives *n_next = 0, *terminal_value = -1 and
+ * NEXUS_OK (the caller decides). */
+int32_t nexus_trie_next(const nexus_trie *trie, const int32_t *prefix, int64_t n, int32_t *next_out, int64_t cap,
+                        int64_t *n_next, int32_t *terminal_value);
+int32_t nexus_trie_size(const nexus_trie *trie, int64_t *n_sequences, int64_t *n_nodes);
+
+/* ---------------------------------------------------------------- block arena (buddy allocator of aligned slabs) */
+typedef struct nexus_arena nexus_arena;
+/* slab_bytes: power of two >= 128; n_slabs: power of two >= 1. Memory is 128-byte (cache-line pair) aligned. */
+int32_t nexus_arena_create(int64_t slab_bytes, int64_t n_slabs, nexus_arena **out);
+void nexus_arena_destroy(nexus_arena *arena);
+/* Allocate at least n_bytes (rounded up to a power-of-two number of slabs). NEXUS_ERR_NOMEM when no block fits. */
+int32_t nexus_arena_alloc(nexus_arena *arena, int64_t n_bytes, void **out);
+/* Free a pointer returned by nexus_arena_alloc; a foreign or double-freed pointer is NEXUS_ERR_INVALID. */
+int32_t nexus_arena_free(nexus_arena *arena, void *ptr);
+int32_t nexus_arena_stats(const nexus_arena *arena, int64_t *used_slabs, int64_t *total_slabs, int64_t *n_allocs);
+
+/* ---------------------------------------------------------------- .atb tool blocks (spec: docs/atb-format.md) */
+#define NEXUS_ATB_MAGIC "NXATB\r\n\x1a" /* 8 bytes */
+#define NEXUS_ATB_VERSION 1
+#define NEXUS_ATB_HEADER_SIZE 128
+#define NEXUS_ATB_DEFAULT_ALIGN 2097152
+#define NEXUS_GGML_TYPE_F16 1
+#define NEXUS_V_LAYOUT_ROWS 0       /* per layer [n_tokens][n_head_kv*head_dim] (flash attention on) */
+#define NEXUS_V_LAYOUT_TRANSPOSED 1 /* per layer [n_head_kv*head_dim][n_tokens] (flash attention off) */
+
+/* The 128-byte on-disk header, little-endian, no padding (static_assert'ed in the implementation). */
+typedef struct nexus_atb_header {
+    char magic[8];              /*   0 */
+    uint16_t version;           /*   8 */
+    uint16_t header_size;       /*  10 */
+    uint32_t header_crc32;      /*  12: CRC-32 (zlib) of the 128 header bytes with this field zeroed */
+    uint8_t fingerprint[16];    /*  16: model fingerprint (first 16 bytes of the GGUF file's sha256) */
+    char arch[12];              /*  32: GGUF general.architecture, NUL-padded */
+    uint32_t tokens_offset;     /*  44: byte offset of n_tokens int32 token ids */
+    uint8_t rope_type;          /*  48: NEXUS_ROPE_NORM / NEXUS_ROPE_NEOX */
+    uint8_t k_type;             /*  49: ggml type of K (1 = F16) */
+    uint8_t v_type;             /*  50: ggml type of V (1 = F16) */
+    uint8_t v_layout;           /*  51: NEXUS_V_LAYOUT_* */
+    uint32_t n_rot;             /*  52: rotated dims per head */
+    uint32_t n_layer;           /*  56 */
+    uint32_t n_head_kv;         /*  60 */
+    uint32_t head_dim;          /*  64 */
+    float freq_base;            /*  68 */
+    float freq_scale;           /*  72 */
+    float yarn_ext_factor;      /*  76 */
+    float yarn_attn_factor;     /*  80 */
+    float yarn_beta_fast;       /*  84 */
+    float yarn_beta_slow;       /*  88 */
+    uint32_t n_ctx_orig;        /*  92 */
+    uint32_t anchor_pos;        /*  96: compile anchor m0 (position of the first block token) */
+    uint32_t n_tokens;          /* 100 */
+    uint32_t payload_align;     /* 104: alignment of the K and V sections (power of two, >= 64) */
+    uint32_t payload_crc32;     /* 108: CRC-32 of token bytes, then K bytes, then V bytes (padding excluded) */
+    uint64_t k_offset;          /* 112 */
+    uint64_t v_offset;          /* 120 */
+} nexus_atb_header;
+
+/* Write a block atomically (temp file in the same directory, fsync, rename). The caller fills the identity and
+ * geometry fields (fingerprint, arch, rope_type, k_type, v_type, v_layout, n_rot, n_layer, n_head_kv, head_dim,
+ * freq_*, yarn_*, n_ctx_orig, anchor_pos, n_tokens, payload_align (0 = default)); the writer fills magic, version,
+ * header_size, offsets and both checksums, and returns the final header in *written (may be NULL).
+ * k: n_layer * n_tokens * row F16 values, layer-major; v: the same count, each layer in v_layout order. */
+int32_t nexus_atb_write(const char *path, const nexus_atb_header *header, const int32_t *tokens, const uint16_t *k,
+                        const uint16_t *v, nexus_atb_header *written);
+
+typedef struct nexus_atb nexus_atb;
+/* Memory-map and validate a block: magic, version, header size, header CRC, every field's range, offsets and
+ * sizes within the file, alignment, payload CRC (skipped when verify_payload == 0). Failure: NEXUS_ERR_FORMAT or
+ * NEXUS_ERR_IO with a precise reason in nexus_last_error(). */
+int32_t nexus_atb_open(const char *path, int32_t verify_payload, nexus_atb **out);
+void nexus_atb_close(nexus_atb *atb);
+int32_t nexus_atb_get_header(const nexus_atb *atb, nexus_atb_header *out);
+/* Zero-copy views into the mapping, valid until nexus_atb_close. */
+int32_t nexus_atb_tokens(const nexus_atb *atb, const int32_t **out);
+int32_t nexus_atb_k(const nexus_atb *atb, const uint16_t **out); /* [n_layer][n_tokens][row] */
+int32_t nexus_atb_v(const nexus_atb *atb, const uint16_t **out); /* [n_layer] x layout */
+
+/* ---------------------------------------------------------------- splice blob (llama.cpp sequence state) */
+/* Size in bytes of the llama.cpp sequence-state blob (format of llama_state_seq_get_data with one stream and one
+ * sequence per cell, no M-RoPE cell extension; see ../shared/design/llama-state.md) that holds this block. */
+int32_t nexus_splice_blob_size(const nexus_atb *atb, uint64_t *size_out);
+/* Build that blob for destination sequence seq_id with cells at positions n_past .. n_past + n_tokens - 1: every K row
+ * is re-rotated by delta = n_past - anchor_pos with the header's RoPE parameters (native kernel, straight into buf);
+ * V is copied in the block's own layout (v_trans = v_layout). buf must hold nexus_splice_blob_size bytes. */
+int32_t nexus_splice_build_blob(const nexus_atb *atb, int64_t n_past, int32_t seq_id, uint8_t *buf, uint64_t buf_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NEXUS_H */

@@ -1,0 +1,87 @@
+"""The `nexus` entry point: one typer app, one small module per subcommand under commands/.
+
+Errors are mapped to messages here, once: a NexusError becomes one red line (exit 1, or 2 for usage errors);
+anything unexpected becomes one line too, with the traceback only when NEXUS_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from .commands import bench, index, route, serve, splice, sweep
+from .commands import compile as compile_cmd
+
+app = typer.Typer(
+    name="nexus",
+    help="Nexus: route among hundreds of MCP tools by retrieval, and splice compiled tool-schema KV blocks into llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+app.command("compile", help="Compile tool schemas into .atb KV blocks for a model.")(compile_cmd.compile_command)
+app.command("index", help="Embed a registry into an INT8 semantic lookaside buffer and calibrate the gate.")(index.index_command)
+app.command("route", help="Route a request to a tool and generate its arguments.")(route.route_command)
+app.command("splice", help="Splice one .atb block into a live context at a depth; report fidelity and latency.")(
+    splice.splice_command
+)
+app.command("serve", help="Serve a routed registry to MCP clients over stdio.")(serve.serve_command)
+app.add_typer(bench.app, name="bench", help="Benchmarks: slb, deep-splice, routing, args, l0.")
+app.add_typer(sweep.app, name="sweep", help="Fidelity sweeps: dkl, gate.")
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+) -> None:
+    if version:
+        from . import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit(0)
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    from .output import stderr_console
+
+    console = stderr_console()
+    line = f"[bold red]error:[/] {message}"
+    if hint:
+        line += f" [dim](hint: {hint})[/]"
+    console.print(line, highlight=False, markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+def main() -> None:
+    import click
+
+    from .errors import NexusError
+
+    try:
+        app(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        _fail("interrupted", None, 130)
+    except click.ClickException as e:
+        _fail(e.format_message(), "see --help", 2)
+    except NexusError as e:
+        if os.environ.get("NEXUS_DEBUG") == "1":
+            raise
+        _fail(e.message, e.hint, e.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", None, 130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - the one place that turns surprises into one line
+        if os.environ.get("NEXUS_DEBUG") == "1":
+            raise
+        _fail(f"internal error: {type(e).__name__}: {e}", "rerun with NEXUS_DEBUG=1 for the traceback", 1)
+
+
+if __name__ == "__main__":
+    main()

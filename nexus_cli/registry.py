@@ -1,0 +1,152 @@
+"""Tool registries: MCP tools/list JSON files (or directories of them), namespaced by server.
+
+A registry file is `{"server"?: str, "tools": [{"name", "description"?, "inputSchema"?, ...}]}`; the server namespace is
+the file's "server" field, else its file name without extension. A bare list of tools is accepted too. Problems with a
+whole file (unreadable, not UTF-8, not JSON, wrong shape, duplicate names) are errors; problems with one tool's schema
+are recorded on the tool (`Tool.problems`) so one odd schema never stops a 955-tool registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import FormatError
+
+MAX_REGISTRY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class Tool:
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    source: str = ""  # file it came from (or "mcp:<command>")
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """The namespaced identity used everywhere: server/name."""
+        return f"{self.server}/{self.name}"
+
+    def schema_json(self) -> str:
+        """Canonical JSON of the tool (sorted keys, compact): what a content hash covers."""
+        return json.dumps(
+            {"server": self.server, "name": self.name, "description": self.description, "inputSchema": self.input_schema},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.schema_json().encode("utf-8")).hexdigest()
+
+
+def _server_name(data: Any, path: Path) -> str:
+    if isinstance(data, dict) and isinstance(data.get("server"), str) and data["server"].strip():
+        return data["server"].strip()
+    return path.stem
+
+
+def tools_from_listing(data: Any, server: str, source: str) -> list[Tool]:
+    """Tools of one tools/list-shaped object (already parsed). Raises FormatError for a wrong shape."""
+    if isinstance(data, dict):
+        raw_tools = data.get("tools")
+        if raw_tools is None:
+            raise FormatError(f"{source}: no \"tools\" array (expected MCP tools/list shape)")
+    elif isinstance(data, list):
+        raw_tools = data
+    else:
+        raise FormatError(f"{source}: expected a JSON object with a \"tools\" array")
+    if not isinstance(raw_tools, list):
+        raise FormatError(f"{source}: \"tools\" is not an array")
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_tools):
+        if not isinstance(raw, dict):
+            raise FormatError(f"{source}: tool #{i} is not an object")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise FormatError(f"{source}: tool #{i} has no name")
+        name = name.strip()
+        if name in seen:
+            raise FormatError(f"{source}: duplicate tool name '{name}' in server '{server}'")
+        seen.add(name)
+        description = raw.get("description") or raw.get("title") or ""
+        problems: list[str] = []
+        if not isinstance(description, str):
+            problems.append("description is not a string")
+            description = str(description)
+        schema = raw.get("inputSchema", raw.get("input_schema"))
+        if schema is None:
+            schema = {"type": "object", "properties": {}}
+            problems.append("no inputSchema (treated as no arguments)")
+        elif not isinstance(schema, dict):
+            problems.append(f"inputSchema is a {type(schema).__name__}, not an object (treated as no arguments)")
+            schema = {"type": "object", "properties": {}}
+        tools.append(Tool(server=server, name=name, description=description, input_schema=schema, source=source,
+                          problems=problems))
+    return tools
+
+
+def load_file(path: Path) -> list[Tool]:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise FormatError(f"cannot read registry {path}: {e.strerror}") from None
+    if size == 0:
+        raise FormatError(f"registry {path} is empty")
+    if size > MAX_REGISTRY_BYTES:
+        raise FormatError(f"registry {path} is {size} bytes, over the {MAX_REGISTRY_BYTES} byte limit")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise FormatError(f"cannot read registry {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"registry {path} is not UTF-8 (byte {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"registry {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return tools_from_listing(data, _server_name(data, path), str(path))
+
+
+def registry_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand files and directories (recursively, *.json, sorted) into a list of registry files."""
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if path.is_dir():
+            found = sorted(q for q in path.rglob("*.json") if q.is_file())
+            if not found:
+                raise FormatError(f"no registry files (*.json) under {path}")
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise FormatError(f"registry {path} does not exist")
+    if not files:
+        raise FormatError("no registry given")
+    return files
+
+
+def load_registries(paths: Iterable[str | Path]) -> list[Tool]:
+    """All tools of the given files/directories. Two servers with the same name are merged; a tool name repeated
+    within one server is an error."""
+    tools: list[Tool] = []
+    seen: dict[str, str] = {}
+    for path in registry_files(paths):
+        for tool in load_file(path):
+            if tool.key in seen:
+                raise FormatError(f"duplicate tool '{tool.key}' (in {seen[tool.key]} and {tool.source})")
+            seen[tool.key] = tool.source
+            tools.append(tool)
+    if not tools:
+        raise FormatError("the registry holds no tools")
+    return tools

@@ -34,8 +34,9 @@ app.add_typer(bench.app, name="bench", help="Benchmarks: slb, deep-splice, routi
 app.add_typer(sweep.app, name="sweep", help="Fidelity sweeps: dkl, gate.")
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
 ) -> None:
     if version:
@@ -43,6 +44,9 @@ def _root(
 
         typer.echo(__version__)
         raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
 
 
 def _fail(message: str, hint: str | None, code: int) -> None:
@@ -56,18 +60,31 @@ def _fail(message: str, hint: str | None, code: int) -> None:
     sys.exit(code)
 
 
+def _click_exceptions():
+    # typer >= 0.29 vendors its own click as typer._click; older releases use the click package.
+    try:
+        from typer._click import exceptions
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click import exceptions
+    return exceptions
+
+
 def main() -> None:
-    import click
+    click = _click_exceptions()
 
     from .errors import NexusError
 
     try:
         app(standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         _fail("interrupted", None, 130)
     except click.ClickException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help is the answer
+            ctx = getattr(e, "ctx", None)
+            typer.echo(ctx.get_help() if ctx is not None else e.format_message())
+            sys.exit(2)
         _fail(e.format_message(), "see --help", 2)
     except NexusError as e:
         if os.environ.get("NEXUS_DEBUG") == "1":

@@ -1,5 +1,16 @@
-"""nexus bench: a group of suites, one module each under stages/."""
+"""nexus bench: the benchmark suites. Each suite's command lives in its own module; its logic in stages/."""
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+from . import bench_args, bench_deep_splice, bench_l0, bench_routing, bench_slb
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
+app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
+app.command("deep-splice", help="Table III: splice + repair TTFT against text prefill, per K and depth.")(
+    bench_deep_splice.command
+)
+app.command("routing", help="Routing accuracy against registry size (Fig 5, Table IV).")(bench_routing.command)
+app.command("args", help="Argument fidelity and first-argument latency against full-schema re-prefill.")(
+    bench_args.command
+)
+app.command("l0", help="L0 exact-token radix arena: warm-hit rate and copy latency.")(bench_l0.command)

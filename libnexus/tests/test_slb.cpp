@@ -1,0 +1,129 @@
+// INT8 SLB: quantization rule, exact dots on every SIMD level at awkward lengths, top-k order and ties, errors.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "check.hpp"
+
+static std::vector<int32_t> ref_dots(const std::vector<int8_t> &db, int64_t n, int dim, const int8_t *q) {
+    std::vector<int32_t> out(n);
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t s = 0;
+        for (int j = 0; j < dim; ++j) s += int64_t{db[i * dim + j]} * q[j];
+        out[i] = static_cast<int32_t>(s);
+    }
+    return out;
+}
+
+int main() {
+    const auto levels = runnable_levels();
+    const int32_t saved = nexus_simd_level();
+    Rng rng(1234);
+
+    // quantization: scale = max|x| / 127, half away from zero, zero row -> scale 1
+    {
+        const float x[2 * 4] = {1.0f, -0.5f, 0.25f, -1.0f, 0, 0, 0, 0};
+        int8_t q[8];
+        float s[2];
+        CHECK_OK(nexus_quantize_i8(x, 2, 4, q, s));
+        CHECK(s[0] == 1.0f / 127.0f);
+        CHECK(q[0] == 127 && q[3] == -127);
+        CHECK(q[1] == static_cast<int8_t>(std::round(-0.5f / s[0])));  // -63.5 -> -64
+        CHECK(q[1] == -64);
+        CHECK(q[2] == 32);  // 31.75 -> 32
+        CHECK(s[1] == 1.0f && q[4] == 0 && q[7] == 0);
+        const float bad[2] = {1.0f, NAN};
+        CHECK_ERR(nexus_quantize_i8(bad, 1, 2, q, s), NEXUS_ERR_INVALID, "x[0, 1] is not finite");
+    }
+
+    // exact dots, every level, lengths around every vector width; extreme values included
+    const int dims[] = {1, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 384, 1000};
+    for (int dim : dims) {
+        for (int64_t n : {1, 7, 8, 9, 33}) {
+            std::vector<int8_t> db(n * dim), q(dim);
+            for (auto &v : db) v = rng.i8();
+            for (auto &v : q) v = rng.i8();
+            if (n > 1) {  // worst cases for saturation and for the VNNI offset trick
+                std::fill(db.begin(), db.begin() + dim, -128);
+                std::fill(db.begin() + dim, db.begin() + 2 * dim, 127);
+            }
+            q[0] = -128;
+            const auto want = ref_dots(db, n, dim, q.data());
+            for (int32_t level : levels) {
+                CHECK_OK(nexus_simd_set_level(level));
+                std::vector<int32_t> got(n, 12345);
+                CHECK_OK(nexus_slb_dots(db.data(), n, dim, q.data(), got.data()));
+                if (got != want) std::fprintf(stderr, "dots mismatch: level %d dim %d n %lld\n", level, dim, (long long)n);
+                CHECK(got == want);
+            }
+        }
+    }
+    {  // all -128 against all -128: the largest positive dot
+        const int dim = 384;
+        std::vector<int8_t> db(dim, -128), q(dim, -128);
+        for (int32_t level : levels) {
+            CHECK_OK(nexus_simd_set_level(level));
+            int32_t d = 0;
+            CHECK_OK(nexus_slb_dots(db.data(), 1, dim, q.data(), &d));
+            CHECK(d == 128 * 128 * dim);
+        }
+    }
+
+    // top-k: order by score desc, ties by lower index, same on every level; k > n; NULL scales; big k path
+    {
+        const int dim = 384;
+        const int64_t n = 1000;
+        std::vector<float> x(n * dim);
+        for (auto &v : x) v = static_cast<float>(rng.uniform() * 2 - 1);
+        for (int j = 0; j < dim; ++j) {  // duplicate rows: exact ties
+            x[500 * dim + j] = x[100 * dim + j];
+            x[900 * dim + j] = x[100 * dim + j];
+        }
+        std::vector<int8_t> db(n * dim);
+        std::vector<float> scales(n);
+        CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+        std::vector<int8_t> q(db.begin() + 100 * dim, db.begin() + 101 * dim);  // the query is row 100 itself
+        const float qs = scales[100];
+        const auto dots = ref_dots(db, n, dim, q.data());
+        std::vector<float> score(n);
+        for (int64_t i = 0; i < n; ++i) score[i] = static_cast<float>(dots[i]) * scales[i] * qs;
+        std::vector<int64_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+        CHECK(order[0] == 100 && order[1] == 500 && order[2] == 900);
+        for (int32_t k : {1, 3, 10, 64, 65, 200, 1000, 5000}) {
+            for (int32_t level : levels) {
+                CHECK_OK(nexus_simd_set_level(level));
+                std::vector<int64_t> idx(k, -1);
+                std::vector<float> sc(k);
+                int32_t got = -1;
+                CHECK_OK(nexus_slb_topk(db.data(), scales.data(), n, dim, q.data(), qs, k, idx.data(), sc.data(), &got));
+                CHECK(got == std::min<int64_t>(k, n));
+                bool same = true;
+                for (int32_t r = 0; r < got; ++r) same = same && idx[r] == order[r] && sc[r] == score[order[r]];
+                CHECK(same);
+            }
+        }
+        int64_t idx[4];
+        float sc[4];
+        int32_t got = 0;
+        CHECK_OK(nexus_slb_topk(db.data(), nullptr, n, dim, q.data(), 1.0f, 4, idx, sc, &got));
+        CHECK(got == 4 && sc[0] == static_cast<float>(dots[idx[0]]));
+        CHECK_OK(nexus_slb_topk(db.data(), nullptr, 0, dim, q.data(), 1.0f, 4, idx, sc, &got));
+        CHECK(got == 0);
+        std::vector<double> ns(5, -1);
+        CHECK_OK(nexus_slb_topk_timed(db.data(), scales.data(), n, dim, q.data(), qs, 5, 2, 5, ns.data()));
+        CHECK(std::all_of(ns.begin(), ns.end(), [](double v) { return v >= 0; }));
+        CHECK_ERR(nexus_slb_topk(db.data(), nullptr, n, dim, q.data(), 1.0f, 0, idx, sc, &got), NEXUS_ERR_INVALID,
+                  "k must be >= 1");
+        CHECK_ERR(nexus_slb_topk(db.data(), nullptr, n, 0, q.data(), 1.0f, 1, idx, sc, &got), NEXUS_ERR_INVALID,
+                  "dim must be in 1..65536");
+        CHECK_ERR(nexus_slb_topk(db.data(), nullptr, n, dim, nullptr, 1.0f, 1, idx, sc, &got), NEXUS_ERR_INVALID,
+                  "query is NULL");
+        CHECK_ERR(nexus_slb_topk_timed(db.data(), nullptr, n, dim, q.data(), 1.0f, 1, 0, 0, ns.data()),
+                  NEXUS_ERR_INVALID, "n_reps must be >= 1");
+    }
+    CHECK_OK(nexus_simd_set_level(saved));
+    return finish("test_slb");
+}

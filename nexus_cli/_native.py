@@ -1,0 +1,271 @@
+"""The one module that loads libnexus and declares its C ABI (libnexus/include/nexus.h) for ctypes.
+
+Nothing else in Nexus imports ctypes. The library is loaded lazily on first use (`lib()`), so importing this module
+costs nothing and `nexus --help` stays fast. Every status is checked with `check()`, which raises `NativeError`
+(or `NativeFormatError`, also a `FormatError`, for malformed files) carrying the library's own message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from .errors import FormatError, NativeError, NexusError
+
+# ---------------------------------------------------------------- constants mirrored from nexus.h
+OK = 0
+ERR_INVALID = 1
+ERR_IO = 2
+ERR_FORMAT = 3
+ERR_NOMEM = 4
+ERR_INTERNAL = 5
+
+SIMD_SCALAR = 0
+SIMD_AVX2 = 1
+SIMD_AVX512 = 2
+SIMD_AVX512_VNNI = 3
+SIMD_NEON = 4
+SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_AVX512: "avx512", SIMD_AVX512_VNNI: "avx512_vnni",
+              SIMD_NEON: "neon"}
+
+ROPE_NORM = 0
+ROPE_NEOX = 2
+
+ATB_MAGIC = b"NXATB\r\n\x1a"
+ATB_VERSION = 1
+ATB_HEADER_SIZE = 128
+ATB_DEFAULT_ALIGN = 2097152
+GGML_TYPE_F16 = 1
+V_LAYOUT_ROWS = 0
+V_LAYOUT_TRANSPOSED = 1
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class NativeFormatError(NativeError, FormatError):
+    """NEXUS_ERR_FORMAT: a file is malformed (bad magic, version, checksum, field, truncation)."""
+
+
+class AtbHeader(ctypes.Structure):
+    """nexus_atb_header: the 128-byte on-disk header (little-endian, no padding)."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version", ctypes.c_uint16),
+        ("header_size", ctypes.c_uint16),
+        ("header_crc32", ctypes.c_uint32),
+        ("fingerprint", ctypes.c_uint8 * 16),
+        ("arch", ctypes.c_char * 12),
+        ("tokens_offset", ctypes.c_uint32),
+        ("rope_type", ctypes.c_uint8),
+        ("k_type", ctypes.c_uint8),
+        ("v_type", ctypes.c_uint8),
+        ("v_layout", ctypes.c_uint8),
+        ("n_rot", ctypes.c_uint32),
+        ("n_layer", ctypes.c_uint32),
+        ("n_head_kv", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32),
+        ("freq_base", ctypes.c_float),
+        ("freq_scale", ctypes.c_float),
+        ("yarn_ext_factor", ctypes.c_float),
+        ("yarn_attn_factor", ctypes.c_float),
+        ("yarn_beta_fast", ctypes.c_float),
+        ("yarn_beta_slow", ctypes.c_float),
+        ("n_ctx_orig", ctypes.c_uint32),
+        ("anchor_pos", ctypes.c_uint32),
+        ("n_tokens", ctypes.c_uint32),
+        ("payload_align", ctypes.c_uint32),
+        ("payload_crc32", ctypes.c_uint32),
+        ("k_offset", ctypes.c_uint64),
+        ("v_offset", ctypes.c_uint64),
+    ]
+
+
+assert ctypes.sizeof(AtbHeader) == ATB_HEADER_SIZE
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def library_path() -> Path:
+    env = os.environ.get("NEXUS_LIB")
+    return Path(env) if env else REPO_ROOT / "build" / "libnexus.so"
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i32, i64, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
+    vp, cp, fl, db = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_float, ctypes.c_double
+    P = ctypes.POINTER
+
+    def sig(name, restype, *argtypes):
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = list(argtypes)
+
+    # const char *nexus_last_error(void);
+    sig("nexus_last_error", cp)
+    # const char *nexus_version(void);
+    sig("nexus_version", cp)
+    # int32_t nexus_simd_level(void);
+    sig("nexus_simd_level", i32)
+    # const char *nexus_simd_name(int32_t level);
+    sig("nexus_simd_name", cp, i32)
+    # int32_t nexus_simd_set_level(int32_t level);
+    sig("nexus_simd_set_level", i32, i32)
+    # int32_t nexus_eff_pct(int64_t n_past, int64_t m, double r_base, double k, double *out_pct);
+    sig("nexus_eff_pct", i32, i64, i64, db, db, P(db))
+    # int32_t nexus_rope_rotate_f16(const uint16_t *in, uint16_t *out, int64_t n_rows, int32_t n_heads,
+    #                               int32_t head_dim, int32_t n_rot, int32_t rope_type, float freq_base,
+    #                               float freq_scale, int64_t delta);
+    sig("nexus_rope_rotate_f16", i32, vp, vp, i64, i32, i32, i32, i32, fl, fl, i64)
+    # int32_t nexus_quantize_i8(const float *x, int64_t n, int32_t dim, int8_t *q_out, float *scales_out);
+    sig("nexus_quantize_i8", i32, vp, i64, i32, vp, vp)
+    # int32_t nexus_slb_dots(const int8_t *db, int64_t n, int32_t dim, const int8_t *query, int32_t *dots_out);
+    sig("nexus_slb_dots", i32, vp, i64, i32, vp, vp)
+    # int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
+    #                        float query_scale, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out);
+    sig("nexus_slb_topk", i32, vp, vp, i64, i32, vp, fl, i32, vp, vp, vp)
+    # int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim,
+    #                              const int8_t *query, float query_scale, int32_t k, int32_t n_warmup,
+    #                              int32_t n_reps, double *ns_out);
+    sig("nexus_slb_topk_timed", i32, vp, vp, i64, i32, vp, fl, i32, i32, i32, vp)
+    # int32_t nexus_trie_create(nexus_trie **out);
+    sig("nexus_trie_create", i32, P(vp))
+    # void nexus_trie_free(nexus_trie *trie);
+    sig("nexus_trie_free", None, vp)
+    # int32_t nexus_trie_insert(nexus_trie *trie, const int32_t *tokens, int64_t n, int32_t value);
+    sig("nexus_trie_insert", i32, vp, vp, i64, i32)
+    # int32_t nexus_trie_next(const nexus_trie *trie, const int32_t *prefix, int64_t n, int32_t *next_out,
+    #                         int64_t cap, int64_t *n_next, int32_t *terminal_value);
+    sig("nexus_trie_next", i32, vp, vp, i64, vp, i64, P(i64), P(i32))
+    # int32_t nexus_trie_size(const nexus_trie *trie, int64_t *n_sequences, int64_t *n_nodes);
+    sig("nexus_trie_size", i32, vp, P(i64), P(i64))
+    # int32_t nexus_arena_create(int64_t slab_bytes, int64_t n_slabs, nexus_arena **out);
+    sig("nexus_arena_create", i32, i64, i64, P(vp))
+    # void nexus_arena_destroy(nexus_arena *arena);
+    sig("nexus_arena_destroy", None, vp)
+    # int32_t nexus_arena_alloc(nexus_arena *arena, int64_t n_bytes, void **out);
+    sig("nexus_arena_alloc", i32, vp, i64, P(vp))
+    # int32_t nexus_arena_free(nexus_arena *arena, void *ptr);
+    sig("nexus_arena_free", i32, vp, vp)
+    # int32_t nexus_arena_stats(const nexus_arena *arena, int64_t *used_slabs, int64_t *total_slabs,
+    #                           int64_t *n_allocs);
+    sig("nexus_arena_stats", i32, vp, P(i64), P(i64), P(i64))
+    # int32_t nexus_atb_write(const char *path, const nexus_atb_header *header, const int32_t *tokens,
+    #                         const uint16_t *k, const uint16_t *v, nexus_atb_header *written);
+    sig("nexus_atb_write", i32, cp, P(AtbHeader), vp, vp, vp, P(AtbHeader))
+    # int32_t nexus_atb_open(const char *path, int32_t verify_payload, nexus_atb **out);
+    sig("nexus_atb_open", i32, cp, i32, P(vp))
+    # void nexus_atb_close(nexus_atb *atb);
+    sig("nexus_atb_close", None, vp)
+    # int32_t nexus_atb_get_header(const nexus_atb *atb, nexus_atb_header *out);
+    sig("nexus_atb_get_header", i32, vp, P(AtbHeader))
+    # int32_t nexus_atb_tokens(const nexus_atb *atb, const int32_t **out);
+    sig("nexus_atb_tokens", i32, vp, P(vp))
+    # int32_t nexus_atb_k(const nexus_atb *atb, const uint16_t **out);
+    sig("nexus_atb_k", i32, vp, P(vp))
+    # int32_t nexus_atb_v(const nexus_atb *atb, const uint16_t **out);
+    sig("nexus_atb_v", i32, vp, P(vp))
+    # int32_t nexus_splice_blob_size(const nexus_atb *atb, uint64_t *size_out);
+    sig("nexus_splice_blob_size", i32, vp, P(u64))
+    # int32_t nexus_splice_build_blob(const nexus_atb *atb, int64_t n_past, int32_t seq_id, uint8_t *buf,
+    #                                 uint64_t buf_size);
+    sig("nexus_splice_build_blob", i32, vp, i64, i32, vp, u64)
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library with every signature declared (loaded once, on first call)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            if not path.is_file():
+                where = "$NEXUS_LIB" if os.environ.get("NEXUS_LIB") else "the build directory"
+                raise NexusError(f"libnexus not found at {path} ({where})", hint="run `make native` to build it")
+            try:
+                loaded = ctypes.CDLL(str(path))
+            except OSError as e:
+                raise NexusError(f"cannot load libnexus from {path}: {e}", hint="run `make native` to rebuild it")
+            _declare(loaded)
+            _lib = loaded
+    return _lib
+
+
+def last_error() -> str:
+    msg = lib().nexus_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(status: int) -> None:
+    """Raise the error that a non-zero status stands for, with the library's message."""
+    if status == OK:
+        return
+    message = last_error()
+    if status == ERR_FORMAT:
+        raise NativeFormatError(status, message)
+    raise NativeError(status, message)
+
+
+def is_loaded() -> bool:
+    return _lib is not None
+
+
+# ---------------------------------------------------------------- helpers so that no other module needs ctypes
+
+_OUT_TYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64, "f64": ctypes.c_double,
+              "ptr": ctypes.c_void_p}
+
+
+def out(kind: str):
+    """A fresh out-parameter cell ('i32', 'i64', 'u64', 'f64', 'ptr'); pass ref(cell), read cell.value."""
+    return _OUT_TYPES[kind]()
+
+
+ref = ctypes.byref
+
+
+def voidp(addr: int):
+    return ctypes.c_void_p(addr)
+
+
+def bytes_at(addr: int, nbytes: int):
+    """A writable ctypes byte array over [addr, addr + nbytes) (for np.frombuffer); it may carry attributes."""
+    return (ctypes.c_uint8 * nbytes).from_address(addr)
+
+
+def u8_pointer(addr: int):
+    """A `uint8_t *` (ctypes POINTER(c_uint8)) at addr, the argument type of llama_state_seq_set_data."""
+    return ctypes.cast(addr, ctypes.POINTER(ctypes.c_uint8))
+
+
+def header_from_bytes(raw: bytes) -> AtbHeader:
+    return AtbHeader.from_buffer_copy(raw)
+
+
+class FastTopk:
+    """nexus_slb_topk with every argument converted once: a call only updates the query scale.
+
+    It goes through a separate function object without argtypes (arguments are already ctypes values), which
+    skips per-call conversion; the lean path of kernels.SlbScanner and of `nexus bench slb`.
+    """
+
+    def __init__(self, db: int, scales: int | None, n: int, dim: int, query: int, k: int, idx: int, score: int):
+        self._fn = lib()["nexus_slb_topk"]  # __getitem__ gives a new function object: its own (empty) argtypes
+        self._fn.restype = ctypes.c_int32
+        self.n_out = ctypes.c_int32()
+        self._scale = ctypes.c_float()
+        self._args = (ctypes.c_void_p(db), ctypes.c_void_p(scales), ctypes.c_int64(n), ctypes.c_int32(dim),
+                      ctypes.c_void_p(query), self._scale, ctypes.c_int32(k), ctypes.c_void_p(idx),
+                      ctypes.c_void_p(score), ctypes.byref(self.n_out))
+
+    def __call__(self, query_scale: float) -> int:
+        self._scale.value = query_scale
+        st = self._fn(*self._args)
+        if st:
+            check(st)
+        return self.n_out.value

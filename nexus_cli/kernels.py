@@ -1,0 +1,311 @@
+"""NumPy-facing layer over libnexus: validates dtype, shape and contiguity, allocates outputs in NumPy and passes
+pointers down. C never hands Python memory to free; opaque handles (Trie, Arena) are freed by close()/__del__.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _native
+from .errors import NexusError, UsageError
+
+__all__ = [
+    "simd_level", "simd_level_id", "set_simd_level", "eff_pct", "rope_rotate_f16", "quantize_i8", "slb_dots",
+    "slb_topk", "slb_topk_timed", "SlbScanner", "Trie", "Arena",
+]
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _as(a, name: str, dtypes: tuple, ndim: int | None = None) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise UsageError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype not in dtypes:
+        want = " or ".join(str(np.dtype(d)) for d in dtypes)
+        raise UsageError(f"{name} must have dtype {want}, got {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise UsageError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise UsageError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return a
+
+
+# ---------------------------------------------------------------- SIMD dispatch
+
+def simd_level_id() -> int:
+    return int(_native.lib().nexus_simd_level())
+
+
+def simd_level() -> str:
+    return _native.lib().nexus_simd_name(simd_level_id()).decode()
+
+
+def set_simd_level(level: str | int) -> None:
+    """Force a SIMD level for this process ('scalar', 'avx2', 'avx512', 'avx512_vnni', 'neon' or its id)."""
+    if isinstance(level, str):
+        ids = {v: k for k, v in _native.SIMD_NAMES.items()}
+        if level not in ids:
+            raise UsageError(f"unknown SIMD level {level!r} (one of {', '.join(ids)})")
+        level = ids[level]
+    _native.check(_native.lib().nexus_simd_set_level(int(level)))
+
+
+# ---------------------------------------------------------------- eq. (2)
+
+def eff_pct(n_past: int, m: int = 256, r_base: float = 5.0, k: float = 4.0) -> float:
+    out = _native.out("f64")
+    _native.check(_native.lib().nexus_eff_pct(int(n_past), int(m), float(r_base), float(k), _native.ref(out)))
+    return out.value
+
+
+# ---------------------------------------------------------------- RoPE
+
+def rope_rotate_f16(k: np.ndarray, n_heads: int, head_dim: int, n_rot: int, rope_type: int, freq_base: float,
+                    freq_scale: float, delta: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Rotate F16 K rows [n_rows, n_heads * head_dim] by delta positions. `out is k` rotates in place."""
+    k = _as(k, "k", (np.dtype(np.uint16), np.dtype(np.float16)))
+    if k.ndim == 1:
+        k = k.reshape(1, -1)
+    if k.ndim != 2 or k.shape[1] != n_heads * head_dim:
+        raise UsageError(f"k must have shape (n_rows, {n_heads * head_dim}), got {k.shape}")
+    if out is None:
+        out = np.empty_like(k)
+    else:
+        out = _as(out, "out", (k.dtype,))
+        if out.size != k.size:
+            raise UsageError(f"out must have {k.size} elements, got {out.size}")
+    _native.check(_native.lib().nexus_rope_rotate_f16(
+        _ptr(k), _ptr(out), k.shape[0], int(n_heads), int(head_dim), int(n_rot), int(rope_type), float(freq_base),
+        float(freq_scale), int(delta)))
+    return out
+
+
+# ---------------------------------------------------------------- INT8 SLB
+
+def quantize_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric INT8 quantization of float32 [n, d]: (q int8 [n, d], scales float32 [n])."""
+    x = _as(x, "x", (np.dtype(np.float32),), 2)
+    n, d = x.shape
+    q = np.empty((n, d), dtype=np.int8)
+    scales = np.empty(n, dtype=np.float32)
+    _native.check(_native.lib().nexus_quantize_i8(_ptr(x), n, d, _ptr(q), _ptr(scales)))
+    return q, scales
+
+
+def _check_db_query(db: np.ndarray, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    db = _as(db, "db", (np.dtype(np.int8),), 2)
+    query = _as(query, "query", (np.dtype(np.int8),), 1)
+    if query.shape[0] != db.shape[1]:
+        raise UsageError(f"query has {query.shape[0]} dims, db rows have {db.shape[1]}")
+    return db, query
+
+
+def _check_scales(db_scales, n: int):
+    if db_scales is None:
+        return None
+    db_scales = _as(db_scales, "db_scales", (np.dtype(np.float32),), 1)
+    if db_scales.shape[0] != n:
+        raise UsageError(f"db_scales has {db_scales.shape[0]} entries, db has {n} rows")
+    return db_scales
+
+
+def slb_dots(db: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Exact int32 dot products of an int8 query against int8 rows."""
+    db, query = _check_db_query(db, query)
+    out = np.empty(db.shape[0], dtype=np.int32)
+    _native.check(_native.lib().nexus_slb_dots(_ptr(db), db.shape[0], db.shape[1], _ptr(query), _ptr(out)))
+    return out
+
+
+def slb_topk(db: np.ndarray, db_scales: np.ndarray | None, query_q: np.ndarray, query_scale: float,
+             k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k rows by score = dot * db_scale * query_scale, descending, ties to the lower index."""
+    db, query_q = _check_db_query(db, query_q)
+    db_scales = _check_scales(db_scales, db.shape[0])
+    if k < 1:
+        raise UsageError(f"k must be >= 1, got {k}")
+    kk = min(int(k), db.shape[0])
+    idx = np.empty(max(kk, 1), dtype=np.int64)
+    scores = np.empty(max(kk, 1), dtype=np.float32)
+    n_out = _native.out("i32")
+    _native.check(_native.lib().nexus_slb_topk(
+        _ptr(db), _ptr(db_scales) if db_scales is not None else None, db.shape[0], db.shape[1], _ptr(query_q),
+        float(query_scale), kk if kk > 0 else 1, _ptr(idx), _ptr(scores), _native.ref(n_out)))
+    return idx[: n_out.value], scores[: n_out.value]
+
+
+def slb_topk_timed(db: np.ndarray, db_scales: np.ndarray | None, query_q: np.ndarray, query_scale: float, k: int,
+                   n_warmup: int, n_reps: int) -> np.ndarray:
+    """Per-run wall time (ns, float64 [n_reps]) of the native top-k scan, timed inside the library."""
+    db, query_q = _check_db_query(db, query_q)
+    db_scales = _check_scales(db_scales, db.shape[0])
+    ns = np.empty(max(int(n_reps), 1), dtype=np.float64)
+    _native.check(_native.lib().nexus_slb_topk_timed(
+        _ptr(db), _ptr(db_scales) if db_scales is not None else None, db.shape[0], db.shape[1], _ptr(query_q),
+        float(query_scale), int(k), int(n_warmup), int(n_reps), _ptr(ns)))
+    return ns[: int(n_reps)]
+
+
+class SlbScanner:
+    """A prepared top-k scan over a fixed database: validation and pointer conversion happen once, here.
+
+    `topk(query_q, query_scale)` is the lean per-query path: the query is copied into a buffer the scanner owns
+    (cheaper than taking a new array's address) and one ctypes call runs with pre-converted arguments. The returned
+    arrays are the scanner's own buffers, overwritten by the next call: copy them to keep them.
+    """
+
+    def __init__(self, db: np.ndarray, db_scales: np.ndarray | None, k: int):
+        db = _as(db, "db", (np.dtype(np.int8),), 2)
+        self._db = db
+        self._scales = _check_scales(db_scales, db.shape[0])
+        if k < 1:
+            raise UsageError(f"k must be >= 1, got {k}")
+        self.n, self.dim = db.shape
+        self.k = max(1, min(int(k), self.n))
+        self.query = np.zeros(self.dim, dtype=np.int8)
+        self._idx = np.empty(self.k, dtype=np.int64)
+        self._scores = np.empty(self.k, dtype=np.float32)
+        self._call = _native.FastTopk(_ptr(db), _ptr(self._scales) if self._scales is not None else None, self.n,
+                                      self.dim, _ptr(self.query), self.k, _ptr(self._idx), _ptr(self._scores))
+
+    def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            np.copyto(self.query, query_q, casting="no")
+        except (TypeError, ValueError):
+            raise UsageError(f"query must be an int8 array of {self.dim} values") from None
+        m = self._call(query_scale)
+        if m == self.k:
+            return self._idx, self._scores
+        return self._idx[:m], self._scores[:m]
+
+
+# ---------------------------------------------------------------- trie
+
+class Trie:
+    """Token-id trie: insert(tokens, value); next(prefix) -> (sorted next tokens, terminal value or None)."""
+
+    def __init__(self):
+        self._lib = _native.lib()
+        h = _native.out("ptr")
+        _native.check(self._lib.nexus_trie_create(_native.ref(h)))
+        self._h = h
+        self._buf = np.empty(64, dtype=np.int32)
+        self._mu = threading.Lock()  # insert mutates; next reuses a shared buffer
+
+    def _handle(self):
+        if not self._h:
+            raise NexusError("trie is closed")
+        return self._h
+
+    @staticmethod
+    def _tokens(tokens) -> np.ndarray:
+        t = np.asarray(tokens)
+        if t.dtype != np.int32:
+            t = np.asarray(tokens, dtype=np.int64).reshape(-1)
+            if t.size and (t.min() < -(2**31) or t.max() >= 2**31):
+                raise UsageError("token ids must fit in int32")
+            t = t.astype(np.int32)
+        return np.ascontiguousarray(t.reshape(-1))
+
+    def insert(self, tokens, value: int) -> None:
+        t = self._tokens(tokens)
+        with self._mu:
+            _native.check(self._lib.nexus_trie_insert(self._handle(), _ptr(t) if t.size else None, t.size, int(value)))
+
+    def next(self, prefix=()) -> tuple[list[int], int | None]:
+        p = self._tokens(prefix)
+        n_next = _native.out("i64")
+        term = _native.out("i32")
+        with self._mu:
+            while True:
+                _native.check(self._lib.nexus_trie_next(
+                    self._handle(), _ptr(p) if p.size else None, p.size, _ptr(self._buf), self._buf.size,
+                    _native.ref(n_next), _native.ref(term)))
+                if n_next.value <= self._buf.size:
+                    break
+                self._buf = np.empty(int(n_next.value), dtype=np.int32)
+            toks = self._buf[: n_next.value].tolist()
+        return toks, (None if term.value < 0 else int(term.value))
+
+    @property
+    def size(self) -> int:
+        """Number of distinct sequences stored."""
+        return self.stats()[0]
+
+    def stats(self) -> tuple[int, int]:
+        n_seq, n_nodes = _native.out("i64"), _native.out("i64")
+        _native.check(self._lib.nexus_trie_size(self._handle(), _native.ref(n_seq), _native.ref(n_nodes)))
+        return int(n_seq.value), int(n_nodes.value)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.nexus_trie_free(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+# ---------------------------------------------------------------- arena
+
+class Arena:
+    """Buddy allocator of 128-byte aligned slabs (thread-safe). alloc() returns an address (int)."""
+
+    def __init__(self, slab_bytes: int, n_slabs: int):
+        self._lib = _native.lib()
+        h = _native.out("ptr")
+        _native.check(self._lib.nexus_arena_create(int(slab_bytes), int(n_slabs), _native.ref(h)))
+        self._h = h
+        self.slab_bytes = int(slab_bytes)
+        self.n_slabs = int(n_slabs)
+
+    def _handle(self):
+        if not self._h:
+            raise NexusError("arena is closed")
+        return self._h
+
+    def alloc(self, n_bytes: int) -> int:
+        p = _native.out("ptr")
+        _native.check(self._lib.nexus_arena_alloc(self._handle(), int(n_bytes), _native.ref(p)))
+        return int(p.value)
+
+    def free(self, addr: int) -> None:
+        _native.check(self._lib.nexus_arena_free(self._handle(), _native.voidp(int(addr))))
+
+    def view(self, addr: int, n_bytes: int) -> np.ndarray:
+        """A uint8 NumPy view of [addr, addr + n_bytes) (valid until that block is freed)."""
+        return np.frombuffer(_native.bytes_at(int(addr), int(n_bytes)), dtype=np.uint8)
+
+    def stats(self) -> dict:
+        used, total, n = _native.out("i64"), _native.out("i64"), _native.out("i64")
+        _native.check(self._lib.nexus_arena_stats(self._handle(), _native.ref(used), _native.ref(total),
+                                                  _native.ref(n)))
+        return {"used_slabs": used.value, "total_slabs": total.value, "n_allocs": n.value,
+                "slab_bytes": self.slab_bytes}
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.nexus_arena_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,351 @@
+"""libnexus kernels against their NumPy references, on the SIMD path and the forced scalar path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from nexus_cli import _native, kernels, reference
+from nexus_cli.errors import NativeError, UsageError
+
+LENGTHS = [1, 3, 7, 15, 16, 17, 31, 33, 63, 65, 127, 129, 384]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _levels() -> list[str]:
+    saved = kernels.simd_level()
+    out = []
+    for name in ("scalar", "avx2", "avx512", "avx512_vnni", "neon"):
+        try:
+            kernels.set_simd_level(name)
+            out.append(name)
+        except NativeError:
+            pass
+    kernels.set_simd_level(saved)
+    return out
+
+
+LEVELS = _levels()
+
+
+@pytest.fixture
+def restore_level():
+    saved = kernels.simd_level()
+    yield
+    kernels.set_simd_level(saved)
+
+
+# ---------------------------------------------------------------- dispatch
+
+def test_import_does_not_load_library():
+    code = "import nexus_cli._native as n, nexus_cli.kernels, nexus_cli.atb; print(n.is_loaded())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_levels_and_override(restore_level):
+    assert "scalar" in LEVELS
+    assert kernels.simd_level() in LEVELS
+    kernels.set_simd_level("scalar")
+    assert kernels.simd_level() == "scalar" and kernels.simd_level_id() == 0
+    with pytest.raises(UsageError):
+        kernels.set_simd_level("sse9")
+    with pytest.raises(NativeError, match="unknown SIMD level 9"):
+        kernels.set_simd_level(9)
+
+
+def test_force_scalar_env_is_honoured():
+    code = "from nexus_cli import kernels; print(kernels.simd_level())"
+    env = dict(os.environ, NEXUS_FORCE_SCALAR="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
+    assert out.stdout.strip() == "scalar"
+    env["NEXUS_FORCE_SCALAR"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
+    assert out.stdout.strip() == LEVELS[-1]
+
+
+def test_force_scalar_subprocess_matches_reference():
+    """The whole SLB + RoPE check once more in a process started with NEXUS_FORCE_SCALAR=1."""
+    code = r"""
+import json, numpy as np
+from nexus_cli import kernels, reference
+rng = np.random.default_rng(3)
+db = rng.integers(-128, 128, (65, 129), dtype=np.int8); q = rng.integers(-128, 128, 129, dtype=np.int8)
+k = rng.standard_normal((4, 2 * 64)).astype(np.float16)
+rot = kernels.rope_rotate_f16(k, 2, 64, 64, 2, 10000.0, 1.0, 77)
+print(json.dumps({"level": kernels.simd_level(),
+                  "dots": bool((kernels.slb_dots(db, q) == reference.slb_dots(db, q)).all()),
+                  "rope": rot.view(np.uint16).tolist()}))
+"""
+    env = dict(os.environ, NEXUS_FORCE_SCALAR="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
+    res = json.loads(out.stdout)
+    assert res["level"] == "scalar" and res["dots"]
+    rng = np.random.default_rng(3)
+    rng.integers(-128, 128, (65, 129), dtype=np.int8), rng.integers(-128, 128, 129, dtype=np.int8)
+    k = rng.standard_normal((4, 128)).astype(np.float16)
+    here = kernels.rope_rotate_f16(k, 2, 64, 64, 2, 10000.0, 1.0, 77)  # this process: the best SIMD level
+    assert here.view(np.uint16).tolist() == res["rope"]
+
+
+# ---------------------------------------------------------------- eq. (2)
+
+@pytest.mark.parametrize("n_past,k,want", [
+    (0, 4, 5.0), (256, 4, 5.0), (512, 4, 36.6667), (1024, 4, 100.0), (9999, 4, 100.0),
+    (512, 16, 11.3333), (1024, 16, 24.0), (2048, 16, 49.3333),
+])
+def test_eff_pct_paper_table(n_past, k, want):
+    assert kernels.eff_pct(n_past, k=k) == pytest.approx(want, abs=1e-4)
+    assert kernels.eff_pct(n_past, k=k) == pytest.approx(reference.eff_pct(n_past, k=k), abs=1e-12)
+
+
+def test_eff_pct_rejects_bad_arguments():
+    with pytest.raises(NativeError, match="k must be a finite number > 1"):
+        kernels.eff_pct(10, k=1.0)
+    with pytest.raises(NativeError, match="n_past must be >= 0"):
+        kernels.eff_pct(-5)
+
+
+# ---------------------------------------------------------------- RoPE
+
+ROPE_CASES = [
+    # n_heads, head_dim, n_rot, rope_type, base, scale, delta
+    (2, 64, 64, 0, 10000.0, 1.0, 37),
+    (2, 64, 64, 2, 1_000_000.0, 1.0, 1500),
+    (3, 128, 64, 2, 10000.0, 0.25, 300),    # partial rotation, freq_scale
+    (2, 80, 40, 0, 10000.0, 1.0, -123),     # partial NORM, negative delta
+    (1, 34, 34, 2, 500000.0, 1.0, 2047),    # odd number of pairs
+    (1, 258, 258, 0, 10000.0, 0.5, 100000),
+    (4, 6, 2, 0, 10000.0, 2.0, 5),
+]
+
+
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rope_matches_float64_reference_and_scalar(case, restore_level):
+    n_heads, head_dim, n_rot, rtype, base, scale, delta = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    k = (rng.uniform(-4, 4, (7, n_heads * head_dim))).astype(np.float16)
+    want = reference.rope_rotate_f16(k, n_heads, head_dim, n_rot, rtype, base, scale, delta)
+    results = {}
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        got = kernels.rope_rotate_f16(k, n_heads, head_dim, n_rot, rtype, base, scale, delta)
+        assert got.dtype == np.float16
+        assert reference.f16_ulp_distance(got, want).max() <= 1
+        rest = got.reshape(7, n_heads, head_dim)[..., n_rot:]
+        assert np.array_equal(rest.view(np.uint16), k.reshape(7, n_heads, head_dim)[..., n_rot:].view(np.uint16))
+        inplace = k.view(np.uint16).copy()
+        kernels.rope_rotate_f16(inplace, n_heads, head_dim, n_rot, rtype, base, scale, delta, out=inplace)
+        assert np.array_equal(inplace, got.view(np.uint16))
+        results[level] = got.view(np.uint16)
+    for level in LEVELS:  # every SIMD level is bit-identical to scalar
+        assert np.array_equal(results[level], results["scalar"]), level
+
+
+@pytest.mark.parametrize("head_dim", [x * 2 for x in LENGTHS])
+def test_rope_awkward_widths(head_dim, restore_level):
+    rng = np.random.default_rng(head_dim)
+    k = rng.uniform(-2, 2, (3, head_dim)).astype(np.float16)
+    out = {}
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        for rtype in (0, 2):
+            got = kernels.rope_rotate_f16(k, 1, head_dim, head_dim, rtype, 10000.0, 1.0, 11)
+            want = reference.rope_rotate_f16(k, 1, head_dim, head_dim, rtype, 10000.0, 1.0, 11)
+            assert reference.f16_ulp_distance(got, want).max() <= 1
+            out[(level, rtype)] = got.view(np.uint16)
+    for (level, rtype), v in out.items():
+        assert np.array_equal(v, out[("scalar", rtype)])
+
+
+def test_rope_errors():
+    k = np.zeros((1, 8), np.float16)
+    with pytest.raises(NativeError, match="n_rot must be even"):
+        kernels.rope_rotate_f16(k, 1, 8, 3, 0, 10000.0, 1.0, 1)
+    with pytest.raises(NativeError, match="rope_type"):
+        kernels.rope_rotate_f16(k, 1, 8, 8, 1, 10000.0, 1.0, 1)
+    with pytest.raises(UsageError, match="shape"):
+        kernels.rope_rotate_f16(k, 2, 8, 8, 0, 10000.0, 1.0, 1)
+    with pytest.raises(UsageError, match="dtype"):
+        kernels.rope_rotate_f16(k.astype(np.float32), 1, 8, 8, 0, 10000.0, 1.0, 1)
+
+
+# ---------------------------------------------------------------- INT8 SLB
+
+@pytest.mark.parametrize("dim", LENGTHS)
+def test_quantize_matches_reference(dim):
+    rng = np.random.default_rng(dim)
+    x = rng.standard_normal((9, dim)).astype(np.float32)
+    x[3] = 0  # all-zero row: scale 1
+    x[4, 0] = 0.5 * (x[4, 0] if x[4, 0] else 1.0)
+    q, s = kernels.quantize_i8(x)
+    rq, rs = reference.quantize_i8(x)
+    assert np.array_equal(q, rq) and np.array_equal(s, rs)
+    assert s[3] == 1.0 and not q[3].any()
+    assert np.abs(q).max() <= 127
+
+
+def test_quantize_rounds_half_away_from_zero():
+    x = np.array([[127.0, 0.5, -0.5, 1.5, -2.5]], np.float32)  # scale exactly 1
+    q, s = kernels.quantize_i8(x)
+    assert s[0] == 1.0 and q.tolist() == [[127, 1, -1, 2, -3]]
+
+
+@pytest.mark.parametrize("dim", LENGTHS)
+def test_slb_dots_exact_every_level(dim, restore_level):
+    rng = np.random.default_rng(100 + dim)
+    db = rng.integers(-128, 128, (37, dim), dtype=np.int8)
+    db[0] = -128
+    db[1] = 127
+    q = rng.integers(-128, 128, dim, dtype=np.int8)
+    q[0] = -128
+    want = reference.slb_dots(db, q)
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        assert np.array_equal(kernels.slb_dots(db, q), want), level
+
+
+@pytest.mark.parametrize("dim", LENGTHS)
+def test_slb_topk_every_level(dim, restore_level):
+    rng = np.random.default_rng(200 + dim)
+    x = rng.standard_normal((300, dim)).astype(np.float32)
+    x[150] = x[20]  # exact ties: the lower index first
+    x[299] = x[20]
+    db, scales = kernels.quantize_i8(x)
+    q, qs = db[20].copy(), float(scales[20])
+    for k in (1, 3, 10, 64, 65, 300, 500):
+        want_idx, want_sc = reference.slb_topk(db, scales, q, qs, k)
+        for level in LEVELS:
+            kernels.set_simd_level(level)
+            idx, sc = kernels.slb_topk(db, scales, q, qs, k)
+            assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), (level, k)
+    order = kernels.slb_topk(db, scales, q, qs, 300)[0].tolist()  # equal rows sit together, lower index first
+    p = order.index(20)
+    assert order[p:p + 3] == [20, 150, 299]
+    scanner = kernels.SlbScanner(db, scales, 10)
+    s_idx, s_sc = scanner.topk(q, qs)
+    assert np.array_equal(s_idx, reference.slb_topk(db, scales, q, qs, 10)[0])
+    idx, sc = kernels.slb_topk(db, None, q, 1.0, 4)
+    assert np.array_equal(idx, reference.slb_topk(db, None, q, 1.0, 4)[0])
+
+
+def test_slb_topk_timed_and_errors():
+    rng = np.random.default_rng(5)
+    db = rng.integers(-127, 128, (50, 16), dtype=np.int8)
+    q = db[0].copy()
+    ns = kernels.slb_topk_timed(db, None, q, 1.0, 3, 2, 7)
+    assert ns.shape == (7,) and (ns >= 0).all()
+    with pytest.raises(UsageError, match="dims"):
+        kernels.slb_dots(db, q[:5])
+    with pytest.raises(UsageError, match="int8"):
+        kernels.slb_dots(db.astype(np.int16), q)
+    with pytest.raises(UsageError, match="C-contiguous"):
+        kernels.slb_dots(db[:, ::2], q[::2])
+    with pytest.raises(NativeError, match="n_reps must be >= 1"):
+        kernels.slb_topk_timed(db, None, q, 1.0, 3, 0, 0)
+
+
+# ---------------------------------------------------------------- trie
+
+def test_trie_matches_python_trie():
+    rng = np.random.default_rng(11)
+    with kernels.Trie() as t:
+        ref = reference.PyTrie()
+        seqs = []
+        for i in range(800):
+            s = rng.integers(0, 12, rng.integers(1, 7)).tolist()
+            seqs.append(s)
+            t.insert(s, i)
+            ref.insert(s, i)
+        assert t.stats() == (ref.n_sequences, ref.n_nodes)
+        assert len(t) == ref.n_sequences
+        for s in seqs[:300]:
+            for j in range(len(s) + 1):
+                assert t.next(s[:j]) == ref.next(s[:j])
+        assert t.next([99, 98]) == ([], None)
+        assert t.next([]) == ref.next([])
+        wide = kernels.Trie()  # more next tokens than the initial buffer
+        for tok in range(200):
+            wide.insert([1, tok], tok)
+        assert wide.next([1])[0] == list(range(200))
+        wide.close()
+        with pytest.raises(NativeError, match="value must be >= 0"):
+            t.insert([1], -1)
+        with pytest.raises(NativeError, match="at least one token"):
+            t.insert([], 1)
+
+
+# ---------------------------------------------------------------- arena
+
+def test_arena_threads():
+    arena = kernels.Arena(128, 512)
+    live: dict[int, tuple[int, int]] = {}
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker(tid: int):
+        rng = np.random.default_rng(tid)
+        mine = []
+        for _ in range(600):
+            if len(mine) < 6 and (rng.random() < 0.6 or not mine):
+                n = int(rng.integers(1, 1500))
+                try:
+                    addr = arena.alloc(n)
+                except NativeError as e:
+                    if e.status != _native.ERR_NOMEM:
+                        errors.append(str(e))
+                    continue
+                if addr % 128:
+                    errors.append("misaligned")
+                with lock:
+                    for a, (b, _) in live.items():
+                        if addr < b and a < addr + n:
+                            errors.append("overlap")
+                    live[addr] = (addr + n, tid)
+                arena.view(addr, n)[:] = tid
+                mine.append((addr, n))
+            else:
+                addr, n = mine.pop(int(rng.integers(len(mine))))
+                if not (arena.view(addr, n) == tid).all():
+                    errors.append("corrupted")
+                with lock:
+                    del live[addr]
+                arena.free(addr)
+        for addr, _ in mine:
+            with lock:
+                del live[addr]
+            arena.free(addr)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    st = arena.stats()
+    assert st["used_slabs"] == 0 and st["n_allocs"] == 0 and st["total_slabs"] == 512
+    addr = arena.alloc(128 * 512)  # all buddies merged back
+    with pytest.raises(NativeError, match="double free|not a live allocation"):
+        arena.free(addr + 128)
+    arena.free(addr)
+    with pytest.raises(NativeError, match="not a live allocation"):
+        arena.free(addr)
+    with pytest.raises(NativeError, match="not allocated by this arena"):
+        arena.free(8)
+    arena.close()
+    arena.close()
+
+
+def test_missing_library_says_how_to_build_it(tmp_path):
+    code = ("from nexus_cli import kernels\n"
+            "from nexus_cli.errors import NexusError\n"
+            "try:\n    kernels.simd_level()\nexcept NexusError as e:\n    print(e.message, '|', e.hint)\n")
+    env = dict(os.environ, NEXUS_LIB=str(tmp_path / "nope.so"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
+    assert "libnexus not found at" in out.stdout and "make native" in out.stdout

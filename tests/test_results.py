@@ -1,0 +1,96 @@
+"""The results writer: required fields, atomic files, latest.json, PNG figures, no hostname."""
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from nexus_cli import results, stats
+
+
+def _doc(tmp_path, figure=None):
+    run = results.Run("unit-suite", params={"depths": [256, 512], "trials": 2}, seed=11, models={})
+    run.note("a note")
+    summary = {"acc": stats.wilson(3, 4), "nan": float("nan"), "arr": np.arange(3)}
+    return run.write(summary, samples={"ms": [1.0, 2.0]}, out_dir=tmp_path, figure=figure)
+
+
+def test_required_fields(tmp_path):
+    doc = _doc(tmp_path)
+    for key in ("schema", "suite", "created_utc", "wall_s", "argv", "environment", "models", "params", "seed",
+                "summary", "samples", "notes"):
+        assert key in doc, key
+    env = doc["environment"]
+    assert env["git"]["sha"] is None or len(env["git"]["sha"]) == 40
+    assert "dirty" in env["git"]
+    assert env["nexus"]
+    assert "llama-cpp-python" in env["packages"] and "numpy" in env["packages"] and "torch" in env["packages"]
+    assert env["llama_cpp"]["vendored_commit"] == "0c1e5709"
+    assert env["cpu"]["model"] and env["cpu"]["logical_cores"] >= 1
+    assert "simd_level" in env
+    assert doc["params"] == {"depths": [256, 512], "trials": 2}
+    assert doc["seed"] == 11
+    assert doc["summary"]["acc"]["method"] == "wilson"
+    assert doc["summary"]["nan"] is None  # NaN is written as null: strict JSON
+    assert doc["summary"]["arr"] == [0, 1, 2]
+    assert doc["notes"] == ["a note"]
+
+
+def test_files_written_atomically(tmp_path):
+    doc = _doc(tmp_path)
+    folder = tmp_path / "unit-suite"
+    stamped = [p for p in folder.iterdir() if p.name.startswith("unit-suite-") and p.suffix == ".json"]
+    assert len(stamped) == 1
+    latest = json.loads((folder / "latest.json").read_text())
+    assert latest == json.loads(stamped[0].read_text())
+    assert latest["samples"] == {"ms": [1.0, 2.0]}
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # no temporaries left behind
+    assert doc["files"]["latest"].endswith("latest.json")
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path):
+    target = tmp_path / "x.json"
+    results.atomic_write_json(target, {"a": 1})
+
+    class Bad:
+        pass
+
+    with pytest.raises(TypeError):
+        results.atomic_write_json(target, {"a": Bad()})
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_no_hostname(tmp_path):
+    _doc(tmp_path)
+    text = (tmp_path / "unit-suite" / "latest.json").read_text()
+    host = socket.gethostname()
+    if len(host) >= 4:
+        assert host not in text
+
+
+def test_png_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+
+    def fig(plt):
+        f, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        return f
+
+    doc = _doc(tmp_path, figure=fig)
+    png = tmp_path / "unit-suite" / "latest.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert doc["files"]["png"] == str(png)
+
+
+def test_model_identity_smollm2():
+    from nexus_cli.config import MODELS
+    from nexus_cli.models import is_verified
+
+    if not is_verified(MODELS["smollm2-135m"]):
+        pytest.skip("smollm2 not fetched")
+    ident = results.model_identity("smollm2-135m")
+    assert ident["sha256"] == MODELS["smollm2-135m"].sha256 and ident["size"] == MODELS["smollm2-135m"].size
+    assert ident["name"] == "smollm2-135m"

@@ -114,6 +114,9 @@ def load_file(path: Path) -> list[Tool]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FormatError(f"registry {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        # the C decoder gives up on nesting deeper than the interpreter's recursion limit
+        raise FormatError(f"registry {path} is not valid JSON: nested too deeply") from None
     return tools_from_listing(data, _server_name(data, path), str(path))
 
 

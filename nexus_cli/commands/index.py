@@ -1,7 +1,79 @@
-"""nexus index (being built: see the issue tracker)."""
+"""nexus index REGISTRY... [--mcp CMD] --out INDEX_DIR [--json]: embed a registry into an INT8 SLB, calibrate the gate."""
 
-from ..errors import NexusError
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from ..errors import NexusError, UsageError
 
 
-def index_command() -> None:
-    raise NexusError("nexus index is not built yet")
+def index_command(
+    registry: Optional[List[str]] = typer.Argument(None, help="Registry files or directories (MCP tools/list JSON)."),
+    mcp: Optional[List[str]] = typer.Option(None, "--mcp", help="Also index a live MCP server over stdio (command line; repeatable)."),
+    out: str = typer.Option(..., "--out", "-o", help="Index directory to write (replaced atomically)."),
+    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or sentence-transformers folder."),
+    recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
+    lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
+    lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
+    adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
+    finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder on registry-derived requests and store it in the index (minutes)."),
+    finetune_budget: float = typer.Option(300.0, "--finetune-budget", help="Fine-tuning time budget in seconds."),
+    train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
+    reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
+    as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
+) -> None:
+    from ..output import emit_json, progress, stdout_console
+    from ..registry import load_registries
+    from ..stages.index import build_index
+
+    if not registry and not mcp:
+        raise UsageError("give at least one REGISTRY file/directory or --mcp CMD")
+    if recipe not in ("multi", "doc"):
+        raise UsageError(f"unknown --recipe '{recipe}' (multi, doc)")
+    tools = load_registries(registry) if registry else []
+    sources = list(registry or [])
+    for cmd in mcp or []:
+        try:
+            from .. import mcp_client
+        except ImportError as e:
+            raise NexusError(f"--mcp is unavailable: {e}") from None
+        live = mcp_client.list_tools(cmd)
+        seen = {t.key for t in tools}
+        for t in live:
+            if t.key in seen:
+                raise NexusError(f"duplicate tool '{t.key}' (from --mcp {cmd})")
+            seen.add(t.key)
+        tools.extend(live)
+        sources.append(f"mcp:{cmd}")
+    with progress() as bar:
+        tasks: dict[str, int] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
+                             train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
+                             finetune=finetune, finetune_options={"time_budget_s": finetune_budget},
+                             adapter=adapter,
+                             progress=on_progress, sources=sources)
+    if as_json:
+        emit_json(report.as_json())
+        return
+    c = stdout_console()
+    c.print(f"[bold green]indexed[/] {report.n_tools} tools from {report.n_servers} servers "
+            f"({report.n_vectors} INT8 vectors, dim {report.dim}) → {report.out}")
+    c.print(f"gate: τ = {report.tau:.4f} (P20 of adversarial-pair margins), expected fire rate "
+            f"{report.fire_rate:.1%}")
+    ft = report.finetuned
+    if ft:
+        c.print(f"embedder: fine-tuned on {ft['n_triples']} registry-derived requests in {ft['train']['seconds']} s")
+    if report.reranker:
+        c.print(f"reranker: cross-encoder trained on {report.reranker['n_groups']} registry-derived groups "
+                f"in {report.reranker['train']['seconds']} s")
+    if report.problems:
+        c.print(f"[yellow]{len(report.problems)} tools with schema notes[/] (see tools.json)")
+    c.print(f"[dim]{report.seconds['total']:.1f} s[/]")

@@ -1,7 +1,145 @@
-"""nexus route (being built: see the issue tracker)."""
+"""nexus route "QUERY" --index DIR [--registry ...] [--history FILE] [--no-args] [--model M] [--batch FILE] [--json]."""
 
-from ..errors import NexusError
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import FormatError, UsageError
 
 
-def route_command() -> None:
-    raise NexusError("nexus route is not built yet")
+def _read_history(path: str) -> list[dict]:
+    p = Path(path).expanduser()
+    try:
+        data = json.loads(p.read_text("utf-8"))
+    except OSError as e:
+        raise FormatError(f"cannot read --history {p}: {e.strerror}") from None
+    except ValueError as e:
+        raise FormatError(f"--history {p} is not valid JSON: {e}") from None
+    return _check_history(data, str(p))
+
+
+def _check_history(data, where: str) -> list[dict]:
+    if not isinstance(data, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in data
+    ):
+        raise FormatError(f"{where}: history must be a JSON list of {{\"role\", \"content\"}} objects")
+    return data
+
+
+def _read_batch(path: str) -> list[dict]:
+    p = Path(path).expanduser()
+    try:
+        lines = p.read_text("utf-8").splitlines()
+    except OSError as e:
+        raise FormatError(f"cannot read --batch {p}: {e.strerror}") from None
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise FormatError(f"{p}:{n}: not valid JSON ({e})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("query"), str) or not obj["query"].strip():
+            raise FormatError(f"{p}:{n}: each line needs a non-empty \"query\" string")
+        if "history" in obj and obj["history"] is not None:
+            _check_history(obj["history"], f"{p}:{n}")
+        items.append(obj)
+    if not items:
+        raise FormatError(f"--batch {p} holds no queries")
+    return items
+
+
+def route_command(
+    query: Optional[str] = typer.Argument(None, help="The request to route (omit with --batch)."),
+    index: str = typer.Option(..., "--index", "-i", help="Index directory built by `nexus index`."),
+    registry: Optional[List[str]] = typer.Option(None, "--registry", help="Registry files/dirs to take schemas from (must match the index)."),
+    history: Optional[str] = typer.Option(None, "--history", help="JSON file: list of {role, content} earlier turns."),
+    no_args: bool = typer.Option(False, "--no-args", help="Stop after routing (no argument generation)."),
+    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM for arguments (and the llm reranker)."),
+    batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
+    top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any), cross, llm, none."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    # --- serving (owner: serving engineer; stages/session.py) ---
+    session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
+    # --- end serving ---
+) -> None:
+    from ..output import emit_json
+    from ..stages.route import Router, RouterConfig
+
+    # --- serving (owner: serving engineer): one turn of a persisted session ---
+    if session is not None:
+        if batch is not None or history is not None or query is None or not query.strip():
+            raise UsageError("--session takes one QUERY (no --batch, no --history: the session keeps the history)")
+        from ..stages.session import route_with_session
+
+        turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker)
+        if as_json:
+            emit_json(turn.as_json())
+        else:
+            _render(query, turn.route, with_args=not no_args)
+        return
+    # --- end serving ---
+
+    if batch is None and (query is None or not query.strip()):
+        raise UsageError("give a QUERY or --batch FILE")
+    if batch is not None and query is not None:
+        raise UsageError("give either a QUERY or --batch FILE, not both")
+    if top_k < 1:
+        raise UsageError("--top-k must be at least 1")
+    hist = _read_history(history) if history else None
+    items = _read_batch(batch) if batch else None
+    router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model), registry=registry)
+    if items is not None:
+        for n, item in enumerate(items, 1):
+            res = router.route(item["query"], history=item.get("history") or hist, with_args=not no_args)
+            res.id = item.get("id", n)
+            emit_json(res.as_json())
+        return
+    res = router.route(query, history=hist, with_args=not no_args)
+    if as_json:
+        emit_json(res.as_json())
+        return
+    _render(query, res, with_args=not no_args)
+
+
+def _render(query: str, res, with_args: bool) -> None:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..output import stdout_console
+
+    head = Text.assemble(("→ ", "bold"), (f"{res.server}/", "dim"), (res.tool, "bold green"))
+    gate = res.gate
+    gate_line = Text(
+        f"gate: margin {gate['margin']:.4f} {'<' if gate['escalated'] else '≥'} τ {gate['tau']:.4f} → "
+        + ((f"escalated to the {res.reranker} reranker" if res.reranker else "below τ, but no reranker is configured")
+           if gate["escalated"] else "auto-routed"),
+        style="yellow" if gate["escalated"] else "cyan",
+    )
+    table = Table(title="candidates", show_edge=False, pad_edge=False, expand=False)
+    table.add_column("#", justify="right")
+    table.add_column("server")
+    table.add_column("tool")
+    table.add_column("score", justify="right")
+    for i, c in enumerate(res.candidates, 1):
+        style = "bold green" if (c.tool == res.tool and c.server == res.server) else None
+        table.add_row(str(i), c.server, c.tool, f"{c.score:.4f}", style=style)
+    parts = [Text(f"request: {query}", style="italic"), head, gate_line, table, Text(f"signature: {res.signature}")]
+    if with_args:
+        if res.arguments is not None:
+            parts.append(Text("arguments: " + json.dumps(res.arguments, ensure_ascii=False), style="bold"))
+        if res.args_error:
+            parts.append(Text(f"arguments: {res.args_error}", style="red"))
+    t = res.timings_ms
+    parts.append(Text(
+        f"timings: embed {t['embed']:.1f} ms · scan {t['scan']:.2f} ms · rerank {t['rerank']:.1f} ms · "
+        f"args {t['args']:.0f} ms · total {t['total']:.1f} ms", style="dim"))
+    stdout_console().print(Panel(Group(*parts), title="nexus route", expand=False))

@@ -1,0 +1,343 @@
+"""The sentence embedder (all-MiniLM-L6-v2 by default). The only module that imports sentence_transformers or torch.
+
+Everything heavy is imported lazily, inside `Embedder.__init__`, so `nexus --help` never pays for torch. The model is
+loaded strictly offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE are set before the import) from the verified local
+folder resolved by `nexus_cli.models.resolve_model`. Vectors come back as L2-normalised float32 [n, dim].
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ModelError
+
+DEFAULT_THREADS = int(os.environ.get("NEXUS_THREADS", "2") or 2)
+
+
+def _offline_env() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _quiet_transformers() -> None:
+    """No 'Loading weights' progress bars or advisory warnings on stderr (progress there is ours)."""
+    try:
+        import logging
+
+        from transformers.utils import logging as tlog
+
+        tlog.disable_progress_bar()
+        tlog.set_verbosity_error()
+        logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def set_threads(n: int | None = None) -> None:
+    import torch
+
+    n = int(n or DEFAULT_THREADS)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+class Embedder:
+    """A bi-encoder: `encode(texts) -> float32[n, dim]`, unit-norm rows."""
+
+    def __init__(self, name_or_path: str = "minilm", threads: int | None = None, device: str = "cpu"):
+        from ..models import resolve_model
+
+        path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ModelError(f"embedder {self.path} is not a sentence-transformers folder")
+        self.name = name_or_path if isinstance(name_or_path, str) else self.path.name
+        _offline_env()
+        try:
+            set_threads(threads)
+            _quiet_transformers()
+            from sentence_transformers import SentenceTransformer
+
+            self.model = SentenceTransformer(str(self.path), device=device)
+        except ModelError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken model folder must become one clear line
+            raise ModelError(f"cannot load the embedder from {self.path}: {type(e).__name__}: {e}") from None
+        getdim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(getdim())
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None):
+        """Embed texts in batches; returns a C-contiguous, L2-normalised float32 array [n, dim]. `callback(n_done)` is
+        called after each batch (for progress bars)."""
+        import numpy as np
+        import torch
+
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(texts), batch_size):
+                chunk = texts[i : i + batch_size]
+                v = self.model.encode(chunk, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                                      show_progress_bar=False)
+                out.append(np.asarray(v, dtype=np.float32))
+                if callback is not None:
+                    callback(len(chunk))
+        return np.ascontiguousarray(np.concatenate(out, axis=0), dtype=np.float32)
+
+    def encode_one(self, text: str):
+        """One query, [dim] float32, unit norm (fast path: no batching overhead)."""
+        import numpy as np
+        import torch
+
+        with torch.inference_mode():
+            v = self.model.encode([text], batch_size=1, convert_to_numpy=True, normalize_embeddings=True,
+                                  show_progress_bar=False)
+        return np.ascontiguousarray(v[0], dtype=np.float32)
+
+
+def load_cross_encoder(path: str | Path, threads: int | None = None):
+    """A sentence-transformers CrossEncoder saved at `path` (trained locally by stages/rerank.py)."""
+    _offline_env()
+    try:
+        set_threads(threads)
+        from sentence_transformers import CrossEncoder
+
+        return CrossEncoder(str(path), device="cpu")
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot load the reranker from {path}: {type(e).__name__}: {e}") from None
+
+
+def cross_encoder_from_base(base: str | Path, max_length: int = 128, threads: int | None = None):
+    """A fresh 1-label CrossEncoder initialised from a bi-encoder's transformer weights (MiniLM)."""
+    _offline_env()
+    set_threads(threads)
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(str(base), num_labels=1, max_length=max_length, device="cpu")
+
+
+def sentence_transformer_from_path(path: str | Path, threads: int | None = None):
+    """A raw SentenceTransformer (for fine-tuning at index time)."""
+    _offline_env()
+    set_threads(threads)
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu")
+
+
+# ================================================================================================ training (index time)
+
+
+class PairScorer:
+    """A cross-encoder (transformers sequence classification, 1 logit) for (query, tool text) pairs."""
+
+    def __init__(self, path: str | Path, max_length: int = 128, threads: int | None = None, fresh_head: bool = False):
+        _offline_env()
+        set_threads(threads)
+        import logging
+
+        import transformers
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        transformers.logging.set_verbosity_error()
+        _quiet_transformers()
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+            self.model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"cannot load the cross-encoder from {path}: {type(e).__name__}: {e}") from None
+        self.model.eval()
+        self.max_length = max_length
+
+    def score(self, queries: Sequence[str], docs: Sequence[str]):
+        import numpy as np
+        import torch
+
+        with torch.inference_mode():
+            enc = self.tokenizer(list(queries), list(docs), padding=True, truncation="only_second",
+                                 max_length=self.max_length, return_tensors="pt")
+            return self.model(**enc).logits[:, 0].float().numpy().astype(np.float64)
+
+    def train_listwise(self, groups: Sequence[tuple[str, Sequence[str]]], epochs: int = 1, batch_queries: int = 4,
+                       lr: float = 4e-5, seed: int = 0, time_budget_s: float | None = None, callback=None) -> dict:
+        """Each group is (query, [positive doc, negative docs...]); softmax cross-entropy over the group's logits
+        (the positive is index 0). Returns a small training log."""
+        import random
+        import time
+
+        import torch
+
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
+        order = list(range(len(groups)))
+        steps_total = epochs * ((len(order) + batch_queries - 1) // batch_queries)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / max(1, steps_total // 10)) * max(0.0, 1 - s / max(1, steps_total)))
+        self.model.train()
+        t0 = time.perf_counter()
+        step, losses, stopped = 0, [], False
+        for _ in range(epochs):
+            rng.shuffle(order)
+            for b0 in range(0, len(order), batch_queries):
+                batch = [groups[i] for i in order[b0 : b0 + batch_queries]]
+                qs = [q for q, docs in batch for _ in docs]
+                ds = [d for _, docs in batch for d in docs]
+                enc = self.tokenizer(qs, ds, padding=True, truncation="only_second", max_length=self.max_length,
+                                     return_tensors="pt")
+                logits = self.model(**enc).logits[:, 0]
+                loss = 0.0
+                pos = 0
+                for _, docs in batch:
+                    g = logits[pos : pos + len(docs)]
+                    loss = loss + torch.nn.functional.cross_entropy(g.unsqueeze(0), torch.zeros(1, dtype=torch.long))
+                    pos += len(docs)
+                loss = loss / len(batch)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+                step += 1
+                if callback is not None:
+                    callback(step, steps_total)
+                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                    stopped = True
+                    break
+            if stopped:
+                break
+        self.model.eval()
+        return {"steps": step, "steps_planned": steps_total, "seconds": round(time.perf_counter() - t0, 1),
+                "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+                "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped}
+
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(str(path), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(path))
+
+
+def finetune_biencoder(base: str | Path, pairs: Sequence[tuple[str, str, str | None]], out: str | Path,
+                       epochs: int = 1, batch_size: int = 32, lr: float = 3e-5, scale: float = 20.0, seed: int = 0,
+                       max_length: int = 96, time_budget_s: float | None = None, threads: int | None = None,
+                       callback=None) -> dict:
+    """Fine-tune a sentence-transformers bi-encoder with in-batch-negatives ranking loss (MNRL) on (query, positive
+    doc, hard negative doc or None) triples; saves the model to `out`. Returns a training log."""
+    import random
+    import time
+
+    import torch
+
+    _offline_env()
+    set_threads(threads)
+    _quiet_transformers()
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = SentenceTransformer(str(base), device="cpu")
+    model.max_seq_length = max_length
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    order = list(range(len(pairs)))
+    steps_total = epochs * ((len(order) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, steps_total // 10)) * max(0.0, 1 - s / max(1, steps_total)))
+
+    def embed(texts):
+        feats = model.tokenize(texts)
+        out = model(feats)["sentence_embedding"]
+        return torch.nn.functional.normalize(out, dim=-1)
+
+    model.train()
+    t0 = time.perf_counter()
+    step, losses, stopped = 0, [], False
+    for _ in range(epochs):
+        rng.shuffle(order)
+        for b0 in range(0, len(order), batch_size):
+            batch = [pairs[i] for i in order[b0 : b0 + batch_size]]
+            # a positive doc may repeat within a batch (two queries of one tool): mask those duplicates out
+            qs = [b[0] for b in batch]
+            docs = [b[1] for b in batch]
+            negs = [b[2] for b in batch if b[2]]
+            qe = embed(qs)
+            de = embed(docs + negs)
+            sim = qe @ de.T * scale
+            dup = torch.tensor([[docs[i] == d and i != j for j, d in enumerate(docs + negs)]
+                                for i in range(len(docs))])
+            sim = sim.masked_fill(dup, -1e4)
+            loss = torch.nn.functional.cross_entropy(sim, torch.arange(len(qs)))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            step += 1
+            if callback is not None:
+                callback(step, steps_total)
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                stopped = True
+                break
+        if stopped:
+            break
+    model.eval()
+    model.save(str(out))
+    return {"steps": step, "steps_planned": steps_total, "seconds": round(time.perf_counter() - t0, 1),
+            "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+            "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped}
+
+
+def train_linear_adapter(queries, vectors, owners, targets, n_tools: int, steps: int = 300, lr: float = 2e-3,
+                         scale: float = 20.0, l2: float = 1.0, seed: int = 0, threads: int | None = None) -> tuple:
+    """A query-side linear adapter W (dim×dim, initialised to the identity) so that normalize(W q) ranks the right tool
+    first: softmax cross-entropy over every tool's max-sim score (tool score = max over its vectors), plus
+    l2·||W − I||² to stay close to the base space. Full-batch Adam on frozen embeddings: seconds on a CPU.
+
+    queries [n, d] float32 (unit norm), vectors [m, d] float32, owners [m] tool of each vector, targets [n] tool index.
+    Returns (W float32 [d, d], log dict)."""
+    import numpy as np
+    import torch
+
+    set_threads(threads)
+    torch.manual_seed(seed)
+    Q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+    V = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+    own = torch.from_numpy(np.asarray(owners, dtype=np.int64))
+    y = torch.from_numpy(np.asarray(targets, dtype=np.int64))
+    d = Q.shape[1]
+    eye = torch.eye(d)
+    W = torch.nn.Parameter(eye.clone())
+    opt = torch.optim.Adam([W], lr=lr)
+    idx = own.unsqueeze(0).expand(Q.shape[0], -1)
+    losses = []
+
+    def tool_logits(Wm):
+        q = torch.nn.functional.normalize(Q @ Wm.T, dim=-1)
+        s = q @ V.T
+        out = torch.full((Q.shape[0], n_tools), -1e4)
+        return out.scatter_reduce(1, idx, s, reduce="amax", include_self=True)
+
+    with torch.no_grad():
+        acc0 = float((tool_logits(eye).argmax(1) == y).float().mean())
+    for _ in range(steps):
+        logits = tool_logits(W) * scale
+        loss = torch.nn.functional.cross_entropy(logits, y) + l2 * ((W - eye) ** 2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        acc1 = float((tool_logits(W).argmax(1) == y).float().mean())
+    Wn = W.detach().numpy().astype(np.float32)
+    return Wn, {"steps": steps, "lr": lr, "scale": scale, "l2": l2, "loss_first": round(losses[0], 4),
+                "loss_last": round(losses[-1], 4), "train_top1_before": round(acc0, 4), "train_top1_after": round(acc1, 4),
+                "n_queries": int(Q.shape[0])}

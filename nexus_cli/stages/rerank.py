@@ -1,0 +1,208 @@
+"""Rerankers for escalated routing decisions, and the registry-only training data they learn from.
+
+* `CrossReranker`: a MiniLM cross-encoder trained locally at index time (`nexus index --train-reranker`) on
+  (registry-derived request, tool text) groups: one positive tool and hard negatives taken from the SLB's own
+  confusions for that request (the tools the retriever ranks highest that are not the right one).
+* `LLMReranker`: the local LLM (Qwen2.5 0.5B) reads the request and the top-k candidates (name + signature + first
+  description sentence) and answers with one candidate name; decoding is constrained token by token to the native
+  tool-name trie (kernels.Trie), so it can only emit a candidate.
+
+Training data never comes from evaluation files: queries are textgen.training_queries(tool) (name, description,
+parameters, synthetic argument values), seeded.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import textgen
+
+TRAIN_SEED = 7  # differs from the gate calibration seed, so the gate's probes are not the training queries
+
+
+def rerank_doc(entry) -> str:
+    """The text the cross-encoder reads for a tool: readable name, name, signature, description start."""
+    desc = textgen.truncate_words(textgen.clean_description(entry.description), 40)
+    sig = getattr(entry, "signature", "") or ""
+    return f"{textgen.readable_name(entry.name)} ({entry.name}): {desc} | {sig[:160]}"
+
+
+def mine_groups(tools, slb, bm25, lex_weight: float, encode: Callable[[list[str]], np.ndarray], n_queries: int = 3,
+                n_neg: int = 7, seed: int = TRAIN_SEED, depth: int = 20):
+    """(query, positive tool index, [hard negative tool indices]) for registry-derived queries.
+
+    Hard negatives are the highest-ranked wrong tools of the SLB (+BM25) for that very query, topped up with random
+    tools when the query is easy."""
+    from .index import dense_tool_scores, fuse
+
+    rng = random.Random(seed)
+    qs, owners = [], []
+    for i, t in enumerate(tools):
+        for q in textgen.training_queries(t, rng, n_queries):
+            qs.append(q)
+            owners.append(i)
+    qv = encode(qs)
+    out = []
+    n = len(tools)
+    for j, q in enumerate(qs):
+        dense, _ = dense_tool_scores(slb, qv[j])
+        lex = bm25.scores(textgen.lex_tokens(q)) if bm25 is not None else None
+        s = fuse(dense, lex, lex_weight)
+        top = [int(x) for x in np.argsort(-s)[: depth + 1] if int(x) != owners[j]]
+        negs = top[:n_neg]
+        while len(negs) < min(n_neg, n - 1):
+            r = rng.randrange(n)
+            if r != owners[j] and r not in negs:
+                negs.append(r)
+        out.append((q, owners[j], negs))
+    return out
+
+
+def train_cross_encoder(tools, slb, bm25, lex_weight: float, embedder, out_dir: Path, base: str | Path | None = None,
+                        n_queries: int = 3, n_neg: int = 7, epochs: int = 1, time_budget_s: float = 300.0,
+                        progress=None, entries=None) -> dict:
+    """Train the cross-encoder from the bundled MiniLM weights and save it to out_dir. Returns its manifest entry."""
+    from ..adapters.embedder import PairScorer
+
+    t0 = time.perf_counter()
+    base = base or embedder.path
+    groups_idx = mine_groups(tools, slb, bm25, lex_weight, lambda q: embedder.encode(q, batch_size=64),
+                             n_queries=n_queries, n_neg=n_neg)
+    docs = [rerank_doc(e) for e in (entries or tools)]
+    groups = [(q, [docs[p]] + [docs[k] for k in negs]) for q, p, negs in groups_idx]
+    mined_s = time.perf_counter() - t0
+    scorer = PairScorer(base)
+    cb = (lambda s, n: progress("training reranker", s, n)) if progress else None
+    log = scorer.train_listwise(groups, epochs=epochs, time_budget_s=time_budget_s, callback=cb)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scorer.save(out_dir)
+    return {"kind": "cross-encoder", "base": str(Path(base).name), "n_groups": len(groups), "group_size": 1 + n_neg,
+            "loss": "listwise softmax cross-entropy", "mining_seconds": round(mined_s, 1), "train": log,
+            "data": "textgen.training_queries (registry only), hard negatives = SLB+BM25 confusions",
+            "seed": TRAIN_SEED}
+
+
+class CrossReranker:
+    name = "cross"
+
+    def __init__(self, path: Path, threads: int | None = None):
+        from ..adapters.embedder import PairScorer
+
+        self.scorer = PairScorer(path, threads=threads)
+
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
+        docs = [rerank_doc(e) for e in entries]
+        return [float(x) for x in self.scorer.score([query] * len(docs), docs)]
+
+
+class LLMReranker:
+    """Let the LLM pick one of the candidates; the output is constrained to the candidates' names by the native trie.
+
+    Scores: the chosen candidate gets 1.0 + its base score, the others their base score minus 1 (so the order of
+    the rest is the retriever's)."""
+
+    name = "llm"
+    SEQ = 1  # its own KV sequence: sequence 0 belongs to argument generation (which keeps a warm prefix there)
+
+    def __init__(self, ctx, index=None, max_desc_words: int = 18):
+        self.ctx = ctx
+        self.max_desc_words = max_desc_words
+        self._eog = None
+
+    def _prompt(self, query: str, entries: Sequence) -> list[int]:
+        lines = []
+        for e in entries:
+            desc = textgen.truncate_words(textgen.first_sentence(e.description) or e.description, self.max_desc_words)
+            lines.append(f"- {e.name}: {desc}")
+        system = ("You choose the one tool that fulfils the user's request. Answer with the tool name only, exactly "
+                  "as written in the list.")
+        user = "Tools:\n" + "\n".join(lines) + f"\n\nRequest: {query}\nTool:"
+        return self.ctx.model.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": user}])
+
+    def choose(self, query: str, entries: Sequence) -> int:
+        from .. import kernels
+
+        trie = kernels.Trie()
+        seqs = {}
+        for j, e in enumerate(entries):
+            toks = self.ctx.tokenize(e.name, add_special=False, parse_special=False)
+            if tuple(toks) not in seqs and toks:
+                seqs[tuple(toks)] = j
+                trie.insert(toks, j)
+        prompt = self._prompt(query, entries)
+        seq = self.SEQ
+        self.ctx.seq_rm(seq)
+        self.ctx.decode(prompt, 0, seq_id=seq)
+        pos = len(prompt)
+        prefix: list[int] = []
+        for _ in range(64):
+            allowed, terminal = trie.next(prefix)
+            allowed = list(allowed)
+            if terminal is not None and terminal >= 0 and not allowed:
+                return int(terminal)
+            logits = self.ctx.logits()
+            best_tok, best_val = None, -np.inf
+            for t in allowed:
+                if logits[t] > best_val:
+                    best_tok, best_val = int(t), float(logits[t])
+            if terminal is not None and terminal >= 0:
+                # the name may end here: stop if the model prefers ending (any end-of-generation token) to going on
+                eog = max(float(logits[t]) for t in self._eog_tokens())
+                if eog >= best_val:
+                    return int(terminal)
+            if best_tok is None:
+                break
+            prefix.append(best_tok)
+            self.ctx.decode([best_tok], pos, seq_id=seq)
+            pos += 1
+        return 0
+
+    def _eog_tokens(self) -> list[int]:
+        if self._eog is None:
+            cands = self.ctx.tokenize("<|im_end|>", add_special=False, parse_special=True)
+            nl = self.ctx.tokenize("\n", add_special=False, parse_special=False)
+            self._eog = [t for t in cands + nl[-1:] if self.ctx.model.is_eog(t) or t in nl]
+            if not self._eog:
+                self._eog = nl[-1:]
+        return self._eog
+
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
+        j = self.choose(query, entries)
+        return [float(b) + (1.0 if i == j else -1.0) for i, b in enumerate(base_scores)]
+
+
+def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,
+                      lr: float = 3e-5, time_budget_s: float = 300.0, progress=None, seed: int = TRAIN_SEED) -> dict:
+    """Fine-tune the bi-encoder on (registry-derived request, tool doc text, hard negative doc) triples.
+
+    Hard negative of a request = the tool the *base* embedder ranks highest among the wrong ones (doc vectors,
+    cosine); the loss is in-batch-negatives softmax (MNRL) with that extra negative. Saves to out_dir."""
+    from ..adapters.embedder import finetune_biencoder
+    from .index import doc_text_for
+
+    t0 = time.perf_counter()
+    rng = random.Random(seed)
+    docs = [doc_text_for(t) for t in tools]
+    dv = embedder.encode(docs, batch_size=32)
+    qs, owners = [], []
+    for i, t in enumerate(tools):
+        for q in textgen.training_queries(t, rng, n_queries):
+            qs.append(q)
+            owners.append(i)
+    qv = embedder.encode(qs, batch_size=64)
+    sims = qv @ dv.T
+    sims[np.arange(len(qs)), owners] = -np.inf
+    hard = np.argmax(sims, axis=1)
+    triples = [(q, docs[o], docs[int(h)]) for q, o, h in zip(qs, owners, hard)]
+    mined_s = time.perf_counter() - t0
+    cb = (lambda s, n: progress("fine-tuning embedder", s, n)) if progress else None
+    log = finetune_biencoder(embedder.path, triples, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
+                             time_budget_s=time_budget_s, seed=seed, callback=cb)
+    return {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
+            "mining_seconds": round(mined_s, 1), "train": log, "seed": seed,
+            "data": "textgen.training_queries (registry only)"}

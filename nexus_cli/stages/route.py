@@ -1,0 +1,233 @@
+"""`nexus route`: query → embedding → native INT8 SLB scan (+ BM25 fusion) → margin gate → reranker on escalation →
+the chosen tool → its arguments.
+
+`Router` loads everything once (index, embedder, reranker, LLM on first use) and is reused by `--batch` and by the
+routing benchmark. No CLI or rendering code here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ModelError, NexusError
+from . import textgen
+from .index import Index, dense_tool_scores, fuse, load_index
+
+RERANKERS = ("auto", "none", "cross", "llm")
+
+
+@dataclass
+class Candidate:
+    server: str
+    tool: str
+    score: float
+
+
+@dataclass
+class RouteResult:
+    tool: str
+    server: str
+    arguments: dict | None
+    candidates: list[Candidate]
+    gate: dict
+    signature: str
+    timings_ms: dict
+    reranker: str | None = None
+    args_error: str | None = None
+    id: Any = None
+
+    def as_json(self) -> dict:
+        d = {
+            "tool": self.tool,
+            "server": self.server,
+            "arguments": self.arguments,
+            "candidates": [asdict(c) for c in self.candidates],
+            "gate": self.gate,
+            "signature": self.signature,
+            "timings_ms": self.timings_ms,
+        }
+        if self.reranker is not None:
+            d["reranker"] = self.reranker
+        if self.args_error is not None:
+            d["args_error"] = self.args_error
+        if self.id is not None:
+            d = {"id": self.id, **d}
+        return d
+
+
+@dataclass
+class RouterConfig:
+    top_k: int = 5  # candidates reported
+    rerank_k: int = 10  # candidates the reranker sees
+    reranker: str = "auto"  # auto: the index's trained cross-encoder if it has one, else none
+    lex_weight: float | None = None  # None: the index's
+    use_gate: bool = True  # False: always rerank (ablation)
+    model: str = "qwen2.5-0.5b"  # LLM for arguments (and the llm reranker)
+    threads: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Router:
+    """Route queries over one index. Thread-compatible, not thread-safe (one Router per thread)."""
+
+    def __init__(self, index: str | Path | Index, config: RouterConfig | None = None, embedder=None,
+                 registry: Sequence[str] | None = None):
+        self.config = config or RouterConfig()
+        if self.config.reranker not in RERANKERS:
+            raise NexusError(f"unknown reranker '{self.config.reranker}' ({', '.join(RERANKERS)})")
+        self.index = index if isinstance(index, Index) else load_index(index)
+        self.tau = self.index.tau
+        self.lex_weight = self.index.lex_weight() if self.config.lex_weight is None else float(self.config.lex_weight)
+        if embedder is None:
+            from ..adapters.embedder import Embedder
+
+            embedder = Embedder(self.index.embedder, threads=self.config.threads)
+        self.embedder = embedder
+        self._reranker = None
+        self._reranker_name = self._pick_reranker()
+        self._llm = None
+        self._schemas = self._load_registry_schemas(registry) if registry else None
+        self._warm()
+
+    # ------------------------------------------------------------------------------------------- setup
+
+    def _pick_reranker(self) -> str:
+        r = self.config.reranker
+        has_ce = (self.index.path / "reranker" / "config.json").is_file()
+        if r == "auto":
+            return "cross" if has_ce else "none"
+        if r == "cross" and not has_ce:
+            raise NexusError(f"index {self.index.path} has no trained reranker",
+                             hint="rebuild it with `nexus index ... --train-reranker` or pass --reranker none")
+        return r
+
+    def _load_registry_schemas(self, registry: Sequence[str]) -> dict[str, Any]:
+        from ..registry import load_registries
+
+        tools = load_registries(registry)
+        by_key = {t.key: t for t in tools}
+        missing = [t.key for t in self.index.tools if t.key not in by_key]
+        if missing:
+            raise NexusError(f"--registry does not match the index: {len(missing)} indexed tools are missing "
+                             f"(e.g. {missing[0]})", hint="rebuild the index from this registry")
+        return by_key
+
+    def _warm(self) -> None:
+        """One throw-away query so the first timed route does not pay for lazy initialisation."""
+        self.embedder.encode_one("warm up")
+        if self._reranker_name != "none":
+            self.reranker()
+
+    def reranker(self):
+        if self._reranker is None and self._reranker_name != "none":
+            from . import rerank
+
+            if self._reranker_name == "cross":
+                self._reranker = rerank.CrossReranker(self.index.path / "reranker", threads=self.config.threads)
+            else:
+                self._reranker = rerank.LLMReranker(self.llm(), self.index)
+        return self._reranker
+
+    def llm(self):
+        if self._llm is None:
+            from ..adapters.llama import LlamaContext, LlamaModel
+
+            model = LlamaModel(self.config.model)
+            self._llm = LlamaContext(model, n_ctx=2048)
+        return self._llm
+
+    @property
+    def reranker_name(self) -> str:
+        return self._reranker_name
+
+    # ------------------------------------------------------------------------------------------- retrieval
+
+    def retrieve(self, query: str) -> tuple[np.ndarray, dict]:
+        """Fused per-tool scores and timings (ms) of embed and scan (scan includes the BM25 pass and fusion)."""
+        t0 = time.perf_counter()
+        qvec = self.index.query_vector(self.embedder.encode_one(query))
+        t1 = time.perf_counter()
+        dense, _native = dense_tool_scores(self.index.slb, qvec)
+        lex = None
+        if self.index.bm25 is not None and self.lex_weight > 0:
+            lex = self.index.bm25.scores(textgen.lex_tokens(query))
+        scores = fuse(dense, lex, self.lex_weight)
+        t2 = time.perf_counter()
+        return scores, {"embed": (t1 - t0) * 1e3, "scan": (t2 - t1) * 1e3, "scan_native": _native * 1e3}
+
+    def route(self, query: str, history: Sequence[dict] | None = None, with_args: bool = True,
+              rerank: bool | None = None) -> RouteResult:
+        """Route one query. rerank=None follows the gate; True/False forces the reranker on/off (ablations)."""
+        if not isinstance(query, str) or not query.strip():
+            raise NexusError("the query is empty")
+        t_start = time.perf_counter()
+        scores, tm = self.retrieve(query)
+        k = max(self.config.top_k, self.config.rerank_k)
+        order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
+        margin = float(scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")
+        escalate = margin < self.tau if self.config.use_gate else True
+        do_rerank = (escalate if rerank is None else rerank) and self._reranker_name != "none" and len(order) > 1
+        t_r = time.perf_counter()
+        final_scores = {int(i): float(scores[i]) for i in order}
+        ranked = [int(i) for i in order]
+        if do_rerank:
+            cand = ranked[: self.config.rerank_k]
+            rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand])
+            rorder = np.argsort(-np.asarray(rs), kind="stable")
+            ranked = [cand[j] for j in rorder] + ranked[len(cand):]
+            final_scores.update({cand[j]: float(rs[j]) for j in range(len(cand))})
+        tm["rerank"] = (time.perf_counter() - t_r) * 1e3
+        best = ranked[0]
+        entry = self.index.tools[best]
+        cands = [Candidate(server=self.index.tools[i].server, tool=self.index.tools[i].name,
+                           score=round(final_scores[i], 6)) for i in ranked[: self.config.top_k]]
+        args, args_err = None, None
+        t_a = time.perf_counter()
+        if with_args:
+            args, args_err = self._arguments(query, entry, history)
+        tm["args"] = (time.perf_counter() - t_a) * 1e3
+        tm["total"] = (time.perf_counter() - t_start) * 1e3
+        timings = {k2: round(tm[k2], 3) for k2 in ("embed", "scan", "rerank", "args", "total")}
+        return RouteResult(
+            tool=entry.name, server=entry.server, arguments=args, candidates=cands,
+            gate={"margin": round(margin, 6), "tau": round(self.tau, 6), "escalated": bool(escalate)},
+            signature=entry.signature, timings_ms=timings,
+            reranker=self._reranker_name if do_rerank else None, args_error=args_err,
+        )
+
+    # ------------------------------------------------------------------------------------------- arguments
+
+    def _spec(self, entry):
+        """The arguments stage's ToolSpec for an indexed tool: the stored signature and grammar, the schema as the
+        server sent it (or as --registry gives it)."""
+        from ..schema import ToolSpec, normalize_schema
+
+        schema = entry.input_schema
+        if self._schemas is not None and entry.key in self._schemas:
+            schema = self._schemas[entry.key].input_schema
+        try:
+            normalized, _ = normalize_schema(schema)
+        except Exception:  # noqa: BLE001 - the stored problems already say why
+            normalized = {}
+        return ToolSpec(key=entry.key, name=entry.name, signature=entry.signature, grammar=entry.grammar,
+                        schema=normalized, input_schema=schema, description=entry.description,
+                        problems=list(entry.problems), ok=bool(entry.ok and entry.grammar),
+                        described_signature=entry.described_signature)
+
+    def _arguments(self, query: str, entry, history) -> tuple[dict | None, str | None]:
+        """Arguments via the arguments stage (stages/arguments.py). Returns (arguments, error-or-None); a tool whose
+        schema could not be compiled, or output that fails validation, is reported, not raised."""
+        from . import arguments as args_stage
+
+        try:
+            res = args_stage.generate_arguments(self.llm(), self._spec(entry), query, history=history)
+        except NexusError as e:
+            if isinstance(e, ModelError):
+                raise
+            return None, e.message
+        return res.arguments, ("; ".join(res.errors) if not res.valid else None)

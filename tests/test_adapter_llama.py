@@ -1,0 +1,164 @@
+"""The llama.cpp adapter on the real SmolLM2-135M: identity, tokens, decoding at positions, cell edits, sequence
+state (and our NumPy reader/writer of its blob, byte for byte), generation with and without a grammar."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from nexus_cli.config import MODELS
+from nexus_cli.errors import ModelError, SchemaError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from nexus_cli.adapters.llama import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture()
+def ctx(smol):
+    from nexus_cli.adapters.llama import LlamaContext
+
+    c = LlamaContext(smol, n_ctx=512, n_batch=64, n_seq_max=3, flash_attn=False)
+    yield c
+    c.close()
+
+
+def test_identity_of_smollm2(smol):
+    ident = smol.identity
+    assert (ident.arch, ident.n_layer, ident.n_head, ident.n_head_kv, ident.head_dim) == ("llama", 30, 9, 3, 64)
+    assert ident.rope_type == 0 and ident.n_rot == 64  # NORM: adjacent pairs
+    assert ident.freq_base == 100000.0 and ident.freq_scale == 1.0 and ident.yarn_ext_factor == 0.0
+    assert ident.n_ctx_train == 8192 and ident.n_ctx_orig == 8192
+    assert ident.chat_template == "chatml"
+    assert ident.sha256 == MODELS["smollm2-135m"].sha256
+    assert ident.fingerprint == ident.sha256[:32] and len(ident.fingerprint_bytes) == 16
+    d = ident.to_dict()
+    json.dumps(d)
+    assert d["fingerprint"] == ident.fingerprint and d["name"] == "smollm2-135m"
+
+
+def test_fingerprint_is_cached_by_path_size_mtime(smol):
+    from nexus_cli.adapters.llama import _fingerprint_cache_path, file_sha256
+
+    saved = json.loads(_fingerprint_cache_path().read_text())
+    assert any(k.startswith(str(smol.path.resolve()) + "|") and v == smol.identity.sha256 for k, v in saved.items())
+    assert file_sha256(smol.path) == smol.identity.sha256
+
+
+def test_fingerprint_changes_with_the_bytes(tmp_path, monkeypatch):
+    from nexus_cli.adapters import llama
+
+    monkeypatch.setenv("NEXUS_MODELS", str(tmp_path))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"weights-1")
+    a = llama.file_sha256(f)
+    f.write_bytes(b"weights-2")
+    b = llama.file_sha256(f)
+    assert a != b and len(a) == 64
+
+
+def test_tokens_and_chat_template(smol):
+    toks = smol.tokenize("Hello world, this is a test.")
+    assert toks and smol.detokenize(toks) == "Hello world, this is a test."
+    text = smol.apply_chat_template([{"role": "user", "content": "hi"}], add_assistant=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ct = smol.chat_tokens([{"role": "user", "content": "hi"}])
+    assert ct[0] == smol.tokenize("<|im_start|>")[0] and len(smol.tokenize("<|im_start|>")) == 1
+
+
+def test_decode_splits_long_inputs_and_tracks_positions(ctx, smol):
+    toks = (smol.tokenize("One two three four five six seven eight nine ten. ") * 20)[:150]
+    ctx.decode(toks, 0, 0)  # 150 tokens through n_batch = 64: three llama_decode calls
+    assert ctx.seq_pos_max(0) == 149 and ctx.seq_pos_min(0) == 0
+    lg = ctx.logits()
+    assert lg.shape == (smol.n_vocab,) and np.all(np.isfinite(lg))
+    # a batch that does not continue the sequence is refused with a clear error, not a crash
+    with pytest.raises(ModelError):
+        ctx.decode(toks[:3], 10, 0)
+
+
+def test_cell_edits(ctx, smol):
+    toks = smol.tokenize("The quick brown fox jumps over the lazy dog again and again.")
+    n = len(toks)
+    ctx.decode(toks, 0, 0)
+    ctx.seq_cp(0, 1, 0, 5)
+    assert ctx.seq_pos_max(1) == 4
+    ctx.seq_rm(0, 5, -1)
+    assert ctx.seq_pos_max(0) == 4
+    ctx.seq_rm(1, -1, -1)
+    assert ctx.seq_pos_max(1) == -1
+    ctx.decode(toks[5:], 5, 0)
+    assert ctx.seq_pos_max(0) == n - 1
+    ctx.clear()
+    assert ctx.seq_pos_max(0) == -1
+
+
+def test_state_roundtrip_into_another_sequence(ctx, smol):
+    toks = smol.tokenize("Sequence state carries the raw K and V rows of every cell of one sequence.")
+    nxt = smol.tokenize(" Next")
+    ctx.decode(toks, 0, 0, logits_last=False)
+    blob = ctx.state_seq_get(0)
+    ctx.state_seq_set(blob, 2)
+    assert ctx.seq_pos_max(2) == len(toks) - 1
+    ctx.decode(nxt, len(toks), 0)
+    a = ctx.logits()
+    ctx.decode(nxt, len(toks), 2)
+    b = ctx.logits()
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa-off", "fa-on"])
+def test_blob_reader_and_writer_match_llama_bytes(smol, flash_attn):
+    """parse_state_blob / build_state_blob reproduce llama.cpp's own blob exactly, in both V layouts."""
+    from nexus_cli.adapters.llama import LlamaContext
+    from nexus_cli.stages.splice import build_state_blob, parse_state_blob
+
+    c = LlamaContext(smol, n_ctx=256, n_batch=64, n_seq_max=2, flash_attn=flash_attn)
+    try:
+        toks = smol.tokenize("A blob holds positions, sequence ids, then K rows and V in the cache's layout.")
+        c.decode(toks, 0, 0, logits_last=False)
+        blob = c.state_seq_get(0)
+        st = parse_state_blob(blob)
+        assert st.v_trans == (not flash_attn) and c.v_layout == (0 if flash_attn else 1)
+        assert st.n_cells == len(toks) and list(st.pos) == list(range(len(toks)))
+        row = smol.identity.n_head_kv * smol.identity.head_dim
+        assert st.k.shape == (30, len(toks), row)
+        assert st.v.shape == ((30, row, len(toks)) if st.v_trans else (30, len(toks), row))
+        assert build_state_blob(0, st.pos, st.k, st.v, st.v_trans) == blob
+    finally:
+        c.close()
+
+
+def test_generate_greedy_is_deterministic_and_grammar_constrains(ctx, smol):
+    prompt = smol.chat_tokens([{"role": "user", "content": "Name one colour. Reply with one word."}])
+    a = ctx.generate(prompt, max_tokens=6)
+    b = ctx.generate(prompt, max_tokens=6)
+    assert a.text == b.text and a.tokens == b.tokens and a.stop in ("eog", "max_tokens")
+    assert a.n_prompt == len(prompt) and a.t_first_token_ms > 0 and a.t_total_ms >= a.t_first_token_ms
+    grammar = 'root ::= "{\\"colour\\": \\"" [a-z]+ "\\"}"'
+    g = ctx.generate(prompt, max_tokens=24, grammar=grammar)
+    assert re.fullmatch(r'\{"colour": "[a-z]+"\}', g.text), g.text
+    assert g.stop == "eog"
+    with pytest.raises(SchemaError):
+        ctx.generate(prompt, max_tokens=4, grammar="root ::= (")
+
+
+def test_generate_reuses_a_warm_prefix(ctx, smol):
+    prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
+    cold = ctx.generate(prompt, max_tokens=6)
+    ctx.seq_rm(0, len(prompt) - 3, -1)
+    warm = ctx.generate(prompt[len(prompt) - 3:], max_tokens=6, start_pos=len(prompt) - 3)
+    assert warm.tokens == cold.tokens and warm.n_prompt == 3
+
+
+def test_context_refuses_overflow(ctx, smol):
+    with pytest.raises(ModelError):
+        ctx.decode([smol.tokenize("x")[0]] * 10, ctx.n_ctx - 5, 0)

@@ -1,0 +1,159 @@
+"""Arguments stage: history window, post-processing, llama.cpp accepting every compiled grammar, and SmolLM2 end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nexus_cli.errors import SchemaError
+from nexus_cli.registry import Tool, load_registries
+from nexus_cli.schema import compile_tool, validate_arguments
+from nexus_cli.stages.arguments import (
+    build_messages,
+    drop_unsupported,
+    generate_arguments,
+    prune_history,
+    supported,
+    surrogate,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+FORGE = ROOT / "tool_registries" / "github_like.json"
+REGISTRIES = ROOT.parent / "shared" / "registries"
+
+
+# ------------------------------------------------------------------------------------------------ no model
+
+def test_surrogates_keep_salient_values():
+    repo = {"full_name": "acme/api", "name": "api", "owner": {"login": "acme"}, "private": False,
+            "description": "x" * 500, "html_url": "https://github.com/acme/api"}
+    s = surrogate(json.dumps(repo))
+    assert s.startswith("[tool result:") and "full_name=acme/api" in s and len(s) < 200
+    items = [{"number": 12, "title": "Crash on start", "state": "open"}, {"number": 13, "title": "b", "state": "open"}]
+    s = surrogate(json.dumps(items))
+    assert "2 items" in s and "keys: number,title,state" in s and "number=12" in s
+    assert surrogate("plain text " * 100).startswith("[tool result:")
+
+
+def test_prune_history_window():
+    hist = [{"role": "user", "content": f"turn {i}"} for i in range(20)]
+    hist.append({"role": "tool", "content": json.dumps([{"id": i, "body": "y" * 300} for i in range(30)])})
+    hist.append({"role": "assistant", "content": "z" * 5000})
+    win = prune_history(hist)
+    assert len(win) <= 6
+    assert win[-1]["role"] == "assistant" and len(win[-1]["content"]) <= 401
+    assert win[-2]["content"].startswith("[tool result: 30 items")
+    assert [m["content"] for m in win[:-2]] == [f"turn {i}" for i in range(16, 20)]  # recent turns verbatim
+    assert sum(len(m["content"]) for m in win) < 1300
+    assert prune_history(None) == [] and prune_history(["just a string"]) == [{"role": "user", "content": "just a string"}]
+
+
+def test_supported_values():
+    ctx = "create an issue in acme/api titled crash on start, label bug, priority 3, make it private"
+    assert supported("acme", ctx) and supported("Crash on Start", ctx)
+    assert not supported("enhancement", ctx)
+    assert supported(3, ctx) and not supported(30, ctx) and not supported(4, ctx)
+    assert supported(True, ctx, "private") and not supported(True, ctx, "draft")
+    assert supported(["bug"], ctx) and not supported(["bug", "urgent"], ctx)
+    assert not supported(None, ctx) and not supported("", ctx)
+
+
+def test_drop_unsupported_never_touches_required():
+    spec = compile_tool(Tool("s", "t", "", {"type": "object", "properties": {
+        "owner": {"type": "string"}, "per_page": {"type": "integer"}, "state": {"enum": ["open", "closed"]}},
+        "required": ["owner"]}))
+    args, dropped = drop_unsupported({"owner": "invented", "per_page": 30, "state": "closed"}, spec,
+                                     "show closed ones")
+    assert args == {"owner": "invented", "state": "closed"} and dropped == ["per_page"]
+
+
+def test_prompt_carries_signature_history_and_query():
+    tool = next(t for t in load_registries([FORGE]) if t.name == "create_pull_request")
+    spec = compile_tool(tool)
+    msgs, win = build_messages(spec, "open a PR there", [{"role": "user", "content": "I made acme/site"}])
+    text = msgs[-1]["content"]
+    assert msgs[0]["role"] == "system"
+    assert "user: I made acme/site" in text and "create_pull_request(" in text and text.endswith("Request: open a PR there")
+    assert win == [{"role": "user", "content": "I made acme/site"}]
+
+
+def test_uncompilable_tool_is_a_clear_error():
+    spec = compile_tool(Tool("s", "bad", "", {"type": "string"}))
+    with pytest.raises(SchemaError, match="cannot be called: grammar: root schema is a string"):
+        generate_arguments(object(), spec, "anything")
+
+
+# ------------------------------------------------------------------------------------------------ real model
+
+@pytest.fixture(scope="module")
+def smollm():
+    from nexus_cli.adapters.llama import LlamaContext, load_model
+
+    try:
+        model = load_model("smollm2-135m")
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"SmolLM2 is needed (run `make models`): {e}")
+    ctx = LlamaContext(model, n_ctx=2048, n_seq_max=1)
+    yield ctx
+    ctx.close()
+
+
+@pytest.mark.slow
+def test_llama_cpp_accepts_every_real_grammar(smollm):
+    """llama.cpp's own GBNF parser (llama_sampler_init_grammar) accepts the grammar of all 955 real tools."""
+    import llama_cpp.llama_cpp as L  # test-only: checks our grammars with llama.cpp's own parser
+
+    if not REGISTRIES.is_dir():
+        pytest.skip(f"registries not found at {REGISTRIES}")
+    vocab = smollm.model._vocab
+    failed = []
+    tools = load_registries([REGISTRIES])
+    for t in tools:
+        spec = compile_tool(t)
+        assert spec.ok, spec.problems
+        g = L.llama_sampler_init_grammar(vocab, spec.grammar.encode("utf-8"), b"root")
+        if not g:
+            failed.append(spec.key)
+        else:
+            L.llama_sampler_free(g)
+    assert len(tools) == 955
+    assert not failed, failed[:10]
+
+
+@pytest.mark.slow
+def test_smollm_end_to_end_valid_arguments(smollm):
+    tools = {t.name: t for t in load_registries([FORGE])}
+    cases = [("create_issue", "file a bug in acme/api titled Login button broken"),
+             ("list_commits", "show the last commits on the main branch of acme/web"),
+             ("merge_pull_request", "squash merge PR 57 in acme/api")]
+    for name, query in cases:
+        spec = compile_tool(tools[name])
+        res = generate_arguments(smollm, spec, query, max_tokens=256)
+        assert json.loads(res.raw) is not None  # grammar-constrained: always parses
+        assert isinstance(res.arguments, dict)
+        assert res.valid, (name, res.raw, res.errors)
+        assert validate_arguments(tools[name].input_schema, res.arguments) == []
+        assert res.timings_ms["total"] >= res.timings_ms["first_token"] > 0 and res.prompt_tokens > 50
+
+
+@pytest.mark.slow
+def test_smollm_picks_value_from_history(smollm):
+    """A trivially simple coreference: the only path in the conversation is the one to read."""
+    spec = compile_tool(Tool("files", "read_file", "Read a text file.", {
+        "type": "object", "properties": {"path": {"type": "string", "description": "Path of the file"}},
+        "required": ["path"]}))
+    history = [{"role": "user", "content": "the notes are in docs/setup.md"},
+               {"role": "assistant", "content": "Noted: docs/setup.md."}]
+    res = generate_arguments(smollm, spec, "read that file", history, max_tokens=64)
+    assert res.valid, res.errors
+    assert res.arguments.get("path") == "docs/setup.md", res.raw
+
+
+def test_string_bound_follows_the_context():
+    from nexus_cli.schema import STRING_MAX_CHARS, with_string_limit
+
+    g = compile_tool(Tool("s", "t", "", {"type": "object", "properties": {"a": {"type": "string"}}})).grammar
+    assert f"char{{0,{STRING_MAX_CHARS}}}" in g
+    assert "char{0,40}" in with_string_limit(g, 40) and f"char{{0,{STRING_MAX_CHARS}}}" not in with_string_limit(g, 40)

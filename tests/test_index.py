@@ -1,0 +1,210 @@
+"""nexus index: SLB format round trip, atomic writes, gate calibration, CLI errors. Uses the real MiniLM embedder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nexus_cli.errors import FormatError, NexusError
+from nexus_cli.registry import load_registries
+from nexus_cli.stages import index as index_stage
+from nexus_cli.stages import textgen
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = REPO / "tool_registries" / "github_like.json"
+NEXUS = [sys.executable, "-m", "nexus_cli.cli"]
+
+
+def run_cli(*args, cwd=REPO, timeout=300):
+    env = {**os.environ, "NEXUS_DEBUG": "0"}
+    return subprocess.run([*NEXUS, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from nexus_cli.adapters.embedder import Embedder
+
+    return Embedder("minilm")
+
+
+@pytest.fixture(scope="session")
+def forge_tools():
+    return load_registries([FORGE])
+
+
+@pytest.fixture(scope="session")
+def forge_index(tmp_path_factory, embedder, forge_tools):
+    out = tmp_path_factory.mktemp("idx") / "forge"
+    rep = index_stage.build_index(forge_tools, out, embedder=embedder, sources=[str(FORGE)])
+    return out, rep
+
+
+# ---------------------------------------------------------------------------------------------- text recipes
+
+
+def test_name_words_and_readable_names():
+    assert textgen.name_words("create_pull_request") == ["create", "pull", "request"]
+    assert textgen.name_words("getPullRequestFiles") == ["get", "pull", "request", "files"]
+    assert textgen.name_words("browser-navigate") == ["browser", "navigate"]
+    assert textgen.readable_name("get_pr_diff") == "get pull request diff"
+
+
+def test_probe_queries_are_deterministic_and_from_the_tool(forge_tools):
+    import random
+
+    t = next(x for x in forge_tools if x.name == "create_pull_request")
+    a = textgen.probe_queries(t, random.Random(1), 4)
+    b = textgen.probe_queries(t, random.Random(1), 4)
+    assert a == b and 1 <= len(a) <= 4
+    assert all(isinstance(q, str) and q for q in a)
+
+
+# ---------------------------------------------------------------------------------------------- SLB file
+
+
+def test_slb_roundtrip_and_corruption(tmp_path):
+    from nexus_cli import kernels
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    q, s = kernels.quantize_i8(x)
+    owners = np.array([0, 0, 1, 2, 2, 2, 3])
+    p = tmp_path / "slb.bin"
+    index_stage.write_slb(p, ["a", "bé"], [0, 1, 1, 0], ["t0", "t1", "outil_2", "t3"], owners, s, q)
+    slb = index_stage.read_slb(p)
+    assert slb.servers == ["a", "bé"] and slb.names == ["t0", "t1", "outil_2", "t3"]
+    assert list(slb.tool_server) == [0, 1, 1, 0]
+    assert np.array_equal(slb.vectors, q) and np.array_equal(slb.scales, s) and np.array_equal(slb.owners, owners)
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0x55
+    p.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="checksum"):
+        index_stage.read_slb(p)
+    p.write_bytes(bytes(data[:-5]))
+    with pytest.raises(FormatError):
+        index_stage.read_slb(p)
+    p.write_bytes(b"not an slb file at all" * 8)
+    with pytest.raises(FormatError, match="magic"):
+        index_stage.read_slb(p)
+
+
+def test_dense_scores_match_float_cosine(forge_index, embedder):
+    out, _ = forge_index
+    idx = index_stage.load_index(out)
+    q = embedder.encode_one("merge the pull request")
+    dense, _ = index_stage.dense_tool_scores(idx.slb, q)
+    # reference: dequantized vectors, max per tool
+    deq = idx.slb.vectors.astype(np.float32) * idx.slb.scales[:, None]
+    ref = np.full(idx.slb.n_tools, -np.inf)
+    np.maximum.at(ref, idx.slb.owners, deq @ q)
+    assert np.max(np.abs(dense - ref)) < 0.02
+    assert int(np.argmax(dense)) == int(np.argmax(ref))
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def test_build_index_contents(forge_index, forge_tools):
+    out, rep = forge_index
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["lexical.json", "manifest.json", "slb.bin", "tools.json"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["format"] == "nexus-index" and m["n_tools"] == len(forge_tools) == 24
+    assert m["n_vectors"] > m["n_tools"]  # multi-vector recipe
+    g = m["gate"]
+    assert g["n_pairs"] > 0 and g["n_probes"] > 0
+    assert 0.0 < g["fire_rate"] <= 0.35
+    assert rep.tau == pytest.approx(g["tau"])
+    tools = json.loads((out / "tools.json").read_text())
+    pr = next(t for t in tools if t["name"] == "create_pull_request")
+    assert pr["signature"].startswith("create_pull_request(") and "owner" in pr["signature"]
+    assert pr["grammar"] and "root" in pr["grammar"]
+    idx = index_stage.load_index(out)
+    assert idx.slb.n_tools == 24 and idx.bm25 is not None
+    # no temporary directories left behind
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_adversarial_pairs_are_nearest_neighbours():
+    v = np.eye(4, dtype=np.float32)
+    v[1] = [0.9, 0.1, 0, 0]
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    pairs = index_stage.adversarial_pairs(v)
+    assert pairs == [(0, 1)]  # the near-duplicates; the orthogonal tools' "nearest" neighbours are not adversarial
+    assert (0, 1) in index_stage.adversarial_pairs(v, closer_fraction=1.0)
+    assert len(index_stage.adversarial_pairs(v, closer_fraction=1.0)) > 1
+
+
+def test_rebuild_is_atomic_on_failure(tmp_path, embedder, forge_tools, monkeypatch):
+    out = tmp_path / "idx"
+    index_stage.build_index(forge_tools[:6], out, embedder=embedder)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(index_stage, "write_slb", boom)
+    with pytest.raises(RuntimeError):
+        index_stage.build_index(forge_tools, out, embedder=embedder)
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert before == after  # the old index is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # temp dir cleaned up
+
+
+def test_refuses_to_replace_a_foreign_directory(tmp_path, embedder, forge_tools):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("do not delete")
+    with pytest.raises(NexusError, match="not a Nexus index"):
+        index_stage.build_index(forge_tools[:3], out, embedder=embedder)
+    assert (out / "thesis.tex").read_text() == "do not delete"
+
+
+def test_bad_schema_is_recorded_not_fatal(tmp_path, embedder):
+    reg = tmp_path / "odd.json"
+    reg.write_text(json.dumps({"server": "odd", "tools": [
+        {"name": "fine_tool", "description": "Reads a file from disk", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}},
+        {"name": "weird_tool", "description": "Has a schema that is a string", "inputSchema": {"type": "string"}},
+    ]}))
+    rep = index_stage.build_index(load_registries([reg]), tmp_path / "i", embedder=embedder)
+    assert "odd/weird_tool" in rep.problems
+    tools = json.loads((tmp_path / "i" / "tools.json").read_text())
+    assert tools[1]["ok"] is False and tools[1]["problems"]
+
+
+def test_load_index_errors(tmp_path):
+    with pytest.raises(FormatError, match="does not exist"):
+        index_stage.load_index(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FormatError, match="not a Nexus index"):
+        index_stage.load_index(tmp_path / "empty")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_index_json(tmp_path):
+    out = tmp_path / "cli-idx"
+    p = run_cli("index", str(FORGE), "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["n_tools"] == 24 and rep["gate"]["tau"] > 0
+    assert (out / "manifest.json").is_file()
+
+
+def test_cli_index_bad_registry(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    p = run_cli("index", str(bad), "--out", str(tmp_path / "x"))
+    assert p.returncode == 1
+    assert "not valid JSON" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    p = run_cli("index", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x"))
+    assert p.returncode == 1 and "does not exist" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "x").exists()

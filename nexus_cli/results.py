@@ -139,7 +139,7 @@ def environment() -> dict:
         "llama_cpp": {"vendored_commit": LLAMA_CPP_VENDORED_COMMIT, "system_info": llama_system_info()},
         "cpu": cpu_info(),
         "simd_level": simd_level(),
-        "threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "NEXUS_THREADS", "NEXUS_FORCE_SCALAR") if k in os.environ},
+        "threads_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NEXUS_THREADS", "NEXUS_FORCE_SCALAR") if k in os.environ},
     }
 
 

@@ -202,7 +202,8 @@ def supported(value: Any, context: str, name: str = "") -> bool:
         return re.search(rf"(?<![0-9.]){re.escape(num)}(?![0-9])", context) is not None
     if isinstance(value, str):
         v = _norm_text(value)
-        return bool(v) and v in context
+        # whole-word match: "it" must not count as backed by "titled"
+        return bool(v) and re.search(rf"(?<![a-z0-9]){re.escape(v)}(?![a-z0-9])", context) is not None
     if isinstance(value, list):
         return bool(value) and all(supported(x, context, name) for x in value)
     if isinstance(value, dict):

@@ -582,6 +582,9 @@ class _GrammarBuilder:
 
     def ref_expr(self, s: dict, hint: str, depth: int) -> str:
         ref = s["$ref"]
+        if not isinstance(ref, str):  # found by the schema fuzzer: "$ref": {...} or [...]
+            self._problem(f"a $ref is a {type(ref).__name__}, not a string (treated as any value)")
+            return self.base("value")
         siblings = {k: v for k, v in s.items() if k not in ("$ref", "description", "title", "default", "examples",
                                                               "$comment")}
         if siblings:  # merge the siblings into the target (no recursion through the merged form)
@@ -879,7 +882,10 @@ def schema_validator(schema: Any):
 
     if not isinstance(schema, dict):
         return None, "input schema is not an object"
-    declared = validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    try:
+        declared = validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    except Exception:  # found by the schema fuzzer: a "$schema" that is not a string
+        declared = jsonschema.Draft7Validator
     for cls in (declared, jsonschema.Draft202012Validator, jsonschema.Draft7Validator, jsonschema.Draft4Validator):
         try:
             cls.check_schema(schema)

@@ -254,8 +254,16 @@ def compile_registries(
     t_start = time.perf_counter()
     tools = load_registries(registries)
     out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    _clean_temp_files(out)
+    if out.exists() and not out.is_dir():
+        raise NexusError(f"--out {out} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _clean_temp_files(out)
+        probe = out / f".write-probe-{os.getpid()}"  # fail before the model loads, not after the first block
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise NexusError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
 
     model = load_model(model_name)
     ident = model.identity

@@ -241,6 +241,8 @@ class Index:
 def load_index(path: str | Path) -> Index:
     p = Path(path).expanduser()
     if not p.exists():
+        recover_index_dir(p.absolute())
+    if not p.exists():
         raise FormatError(f"index {p} does not exist", hint="build one with `nexus index REGISTRY --out DIR`")
     if not p.is_dir():
         raise FormatError(f"index {p} is not a directory")
@@ -517,6 +519,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     if not tools:
         raise FormatError("the registry holds no tools")
     out = Path(out).expanduser().resolve()
+    recover_index_dir(out)
     if out.exists() and not out.is_dir():
         raise NexusError(f"--out {out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not (out / "manifest.json").is_file():
@@ -607,8 +610,12 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     report_progress("calibrating", 1, 1)
     secs["calibrate"] = time.perf_counter() - t0
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        (tmp / ".owner").write_text(str(os.getpid()))
+    except OSError as e:
+        raise NexusError(f"cannot write the index next to {out}: {e.strerror or e}") from None
     try:
         write_slb(tmp / "slb.bin", servers, [sidx[t.server] for t in tools], [t.name for t in tools],
                   slb.owners, slb.scales, slb.vectors)
@@ -661,10 +668,12 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
         }
         _write_json(tmp / "manifest.json", manifest)
         _swap_into_place(tmp, out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if ft_dir is not None:
             shutil.rmtree(ft_dir, ignore_errors=True)
+        if isinstance(e, OSError):  # full disk, read-only folder, ...: one line, nothing left behind
+            raise NexusError(f"cannot write the index to {out}: {e.strerror or e}") from None
         raise
     secs["total"] = time.perf_counter() - t_all
     return BuildReport(out=out, n_tools=len(tools), n_vectors=len(texts), n_servers=len(servers),
@@ -674,9 +683,45 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                        finetuned=ft_info)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_index_dir(out: Path) -> None:
+    """Repair what a killed `nexus index` can leave next to `out`: if it died between the two renames of the swap,
+    `out` is missing and the previous index sits in `.NAME.old-PID`: move it back. Leftover temporary and old
+    directories of dead processes are removed."""
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    olds = sorted(parent.glob(f".{out.name}.old-*"), key=lambda q: q.stat().st_mtime, reverse=True)
+    if not out.exists():
+        for old in olds:
+            if (old / "manifest.json").is_file():
+                os.replace(old, out)
+                break
+    for stale in list(parent.glob(f".{out.name}.old-*")) + list(parent.glob(f".{out.name}.tmp-*")):
+        pid_part = stale.name.rsplit("-", 1)[-1]
+        if stale.name.startswith(f".{out.name}.old-") and pid_part.isdigit() and _pid_alive(int(pid_part)):
+            continue
+        if stale.name.startswith(f".{out.name}.tmp-") and (stale / ".owner").is_file():
+            owner = (stale / ".owner").read_text().strip()
+            if owner.isdigit() and _pid_alive(int(owner)):
+                continue
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished temporary directory onto `out`; an existing index is moved aside first and removed after."""
+    """Rename the finished temporary directory onto `out`; an existing index is moved aside first and removed after.
+    A kill between the two renames is repaired by recover_index_dir() on the next load or build."""
     os.chmod(tmp, 0o755)
+    (tmp / ".owner").unlink(missing_ok=True)
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)

@@ -251,12 +251,15 @@ class Run:
         self._t0 = time.perf_counter()
         self.argv = ["nexus", *sys.argv[1:]] if Path(sys.argv[0]).name in ("nexus", "cli.py") else list(sys.argv)
         self.notes: list[str] = []
+        self.load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
     def note(self, text: str) -> None:
         """A remark that belongs with the numbers (a skipped cell, a reduced run, an overflow)."""
         self.notes.append(text)
 
     def document(self, summary: dict, samples: dict | None = None) -> dict:
+        env = environment()
+        env["cpu"]["loadavg_1m_start"] = self.load_start  # loadavg_1m is read at the end of the run
         return to_jsonable(
             {
                 "schema": SCHEMA,
@@ -264,7 +267,7 @@ class Run:
                 "created_utc": _dt.datetime.fromtimestamp(self.started, _dt.timezone.utc).isoformat(timespec="seconds"),
                 "wall_s": round(time.perf_counter() - self._t0, 3),
                 "argv": self.argv,
-                "environment": environment(),
+                "environment": env,
                 "models": self.models,
                 "params": self.params,
                 "seed": self.seed,

@@ -1,7 +1,75 @@
-"""nexus bench args: not built yet in this commit."""
+"""nexus bench args: argument fidelity and first-argument latency against full-schema re-prefill."""
 
-from ..errors import NexusError
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ._progress import stage_progress
+from ._report import env_line, finish, fmt_ci, fmt_pct, fmt_speedup
 
 
-def command() -> None:
-    raise NexusError("this suite is not built yet")
+def command(
+    cases: Optional[str] = typer.Option(None, "--cases", help="Cases JSONL (default benchmarks/queries/args_cases.jsonl)."),
+    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
+    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM name or GGUF path."),
+    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or folder."),
+    trials: int = typer.Option(3, "--trials", min=1, help="Latency repetitions per case and path."),
+    max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),
+    reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s), if not cached."),
+    reranker: str = typer.Option("cross", "--reranker", help="cross (trained once on the pool, cached) or none."),
+    pool: str = typer.Option("all", "--pool", help="Registry to route over: all, core, or cases (only the cases' gold tools)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    quick: bool = typer.Option(False, "--quick", help="CI smoke run: first 6 cases, 1 trial."),
+    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/args/)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+) -> None:
+    from ..stages import bench_args as stage
+
+    if quick:
+        max_cases = max_cases or stage.QUICK["max_cases"]
+        trials = stage.QUICK["trials"] if trials == 3 else trials
+        reranker_budget = stage.QUICK["reranker_budget"] if reranker_budget == 300.0 else reranker_budget
+    with stage_progress("args") as prog:
+        doc = stage.run(cases=cases, registry_dir=registry_dir, model=model, embedder=embedder, trials=trials,
+                        max_cases=max_cases, reranker_budget=reranker_budget, reranker=reranker, pool=pool, seed=seed, out_dir=out, quick=quick,
+                        progress=prog)
+    finish(doc, as_json, render)
+
+
+def render(doc: dict, console) -> None:
+    from rich.table import Table
+
+    s = doc["summary"]
+    p = doc["params"]
+    pp = s["paper"]
+    t = Table(title=f"Argument fidelity · {p['model']} · {p['n_cases']} cases", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("Nexus [95% CI]", justify="right")
+    t.add_column("n", justify="right")
+    t.add_column("paper", justify="right")
+    t.add_row("routing accuracy %", fmt_pct(s["routing"]), str(s["routing"]["n"]), f"{pp['routing'] * 100:.1f}")
+    t.add_row("specified-argument accuracy % (routed)", fmt_pct(s["specified_args"]), str(s["specified_args"]["n"]), "100")
+    t.add_row("end-to-end argument accuracy %", fmt_pct(s["end_to_end_args"]), str(s["end_to_end_args"]["n"]), "80")
+    t.add_row("cases with every argument right %", fmt_pct(s["cases_all_args_correct"]), str(s["cases_all_args_correct"]["n"]), "—")
+    t.add_row("JSON validity %", fmt_pct(s["json_validity"]), str(s["json_validity"]["n"]), "100")
+    t.add_row("schema validity %", fmt_pct(s["schema_validity"]), str(s["schema_validity"]["n"]), "—")
+    st = s["signature_tokens"]
+    t.add_row("signature tokens median / p99", f"{st['median']:.0f} / {st['p99']:.0f}", str(st["n_tools"]), "19 / 32")
+    fa = s.get("first_arg")
+    if fa:
+        for mode in ("steady", "cold"):
+            m = fa[mode]
+            t.add_row(f"first-arg token ms, signature ({mode})", fmt_ci(m["signature_ms"], 1), str(m["signature_ms"]["n"]),
+                      f"{pp['first_arg_ms_sig']}" if mode == "steady" else "—")
+            t.add_row(f"first-arg token ms, full schema ({mode})", fmt_ci(m["full_schema_ms"], 1), str(m["full_schema_ms"]["n"]),
+                      f"{pp['first_arg_ms_full']}" if mode == "steady" else "—")
+            t.add_row(f"speedup ({mode})", fmt_speedup(m["speedup"]), "", "1.66x" if mode == "steady" else "—")
+        t.add_row("main-context token saving per turn %", f"{fa['token_saving_turn'] * 100:.1f}", str(fa["n_cases"]), "≈80")
+        t.add_row("tool-text token saving %", f"{fa['token_saving_tool_text'] * 100:.1f}", str(fa["n_cases"]), "—")
+    console.print(t)
+    if "target_first_arg_ge_3x_at_ge_90pct_saving" in s:
+        console.print(f"target first-arg >= 3x at >= 90 % saving: {'met' if s['target_first_arg_ge_3x_at_ge_90pct_saving'] else 'NOT met'}",
+                      highlight=False)
+    console.print(f"[dim]{env_line(doc)}[/]", highlight=False)

@@ -639,7 +639,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                                                  tmp / "reranker", progress=report_progress,
                                                  **(reranker_options or {}))
             secs["train_reranker"] = time.perf_counter() - t0
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != ".owner"}
         manifest = {
             "format": "nexus-index",
             "version": INDEX_FORMAT_VERSION,

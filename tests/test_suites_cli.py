@@ -1,0 +1,125 @@
+"""Smoke tests of the measurement suites through the real CLI, with SmolLM2 and tiny parameters.
+
+They check the shape of the results documents (and that files land where they should), never timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRIES = ROOT.parent / "shared" / "registries"
+
+pytestmark = pytest.mark.slow
+
+
+def _have(name: str) -> bool:
+    from nexus_cli.config import MODELS
+    from nexus_cli.models import is_verified
+
+    return is_verified(MODELS[name])
+
+
+def _native() -> bool:
+    try:
+        from nexus_cli import kernels
+
+        kernels.simd_level()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_smollm = pytest.mark.skipif(not _have("smollm2-135m") or not _native() or not REGISTRIES.is_dir(),
+                                  reason="needs SmolLM2, libnexus and ../shared/registries")
+
+
+def nexus(*args: str, timeout: int = 600) -> dict:
+    env = dict(os.environ, NEXUS_THREADS=os.environ.get("NEXUS_THREADS", "2"))
+    proc = subprocess.run([sys.executable, "-m", "nexus_cli.cli", *args, "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _common(doc: dict, suite: str, out: Path) -> None:
+    assert doc["schema"] == "nexus-results/1" and doc["suite"] == suite
+    assert doc["environment"]["git"] is not None and doc["environment"]["cpu"]["model"]
+    assert doc["models"]["llm"]["sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    latest = json.loads((out / suite / "latest.json").read_text())
+    assert latest["created_utc"] == doc["created_utc"]
+    assert (out / suite / "latest.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@needs_smollm
+def test_deep_splice_smoke(tmp_path):
+    doc = nexus("bench", "deep-splice", "--model", "smollm2-135m", "--K", "4", "--depths", "160", "--trials", "1",
+                "--out", str(tmp_path))
+    _common(doc, "deep-splice", tmp_path)
+    cell = doc["summary"]["cells"]["K4/d160"]
+    assert cell["n_past"] == 160 and cell["R_pct"] == pytest.approx(5.0)
+    for mode in ("cold", "warm"):
+        sp = cell[mode]["speedup"]
+        assert sp["lo"] <= sp["value"] <= sp["hi"] and sp["value"] > 0
+        assert cell[mode]["prefill_ms"]["n"] == 1
+    assert cell["kl_max"] >= 0 and cell["floor_kl"] >= 0 and isinstance(cell["top1_all"], bool)
+    assert len(doc["samples"]["d160"]["cold_prefill_ms"]) == 1
+    assert set(doc["summary"]["targets"]) >= {"warm_speedup_d256_ge_3x", "kl_le_floor_where_R100", "cold_speedup_ge_paper"}
+
+
+@needs_smollm
+def test_dkl_smoke(tmp_path):
+    doc = nexus("sweep", "dkl", "--model", "smollm2-135m", "--offsets", "0,32", "--queries", "1",
+                "--legolink-offset", "32", "--out", str(tmp_path))
+    _common(doc, "dkl", tmp_path)
+    rows = doc["summary"]["rows"]
+    assert [r["offset"] for r in rows] == [0, 32]
+    assert all(r["top1"]["n"] == 1 and r["kl_mean"]["value"] >= 0 for r in rows)
+    ll = doc["summary"]["legolink"]
+    assert ll["offset"] == 32 and ll["k"] == 16 and ll["kl_mean"]["value"] >= 0
+
+
+@needs_smollm
+def test_gate_smoke(tmp_path):
+    doc = nexus("sweep", "gate", "--model", "smollm2-135m", "--depths", "128", "--out", str(tmp_path))
+    _common(doc, "gate", tmp_path)
+    rows = doc["summary"]["rows"]
+    assert [(r["n_past"], r["ctx"]) for r in rows] == [(128, "on"), (128, "off")]
+    assert all(r["heads"] == 30 * 3 for r in rows)  # SmolLM2: 30 layers x 3 KV heads
+    assert all(-1 <= r["rho"]["value"] <= 1 for r in rows)
+    assert len(doc["samples"]["d128/on"]["proxy"]) == 90
+
+
+def _have_minilm() -> bool:
+    return _have("minilm")
+
+
+@needs_smollm
+@pytest.mark.skipif(not _have_minilm(), reason="needs the MiniLM embedder")
+def test_routing_smoke(tmp_path):
+    doc = nexus("bench", "routing", "--sizes", "10", "--max-queries", "3", "--reranker", "none", "--no-oracle",
+                "--out", str(tmp_path))
+    assert doc["suite"] == "routing" and (tmp_path / "routing" / "latest.png").is_file()
+    row = doc["summary"]["rows"][0]
+    assert row["size"] == "10" and row["n_queries"] == 3 and row["registry_tools"] == 10
+    assert 0 <= row["accuracy"]["lo"] <= row["accuracy"]["value"] <= row["accuracy"]["hi"] <= 1
+    assert row["scan_native_us"]["value"] > 0 and row["tau_median"] >= 0
+    assert len(doc["samples"]["N=10"]["queries"]) == 3
+
+
+@needs_smollm
+@pytest.mark.skipif(not _have_minilm(), reason="needs the MiniLM embedder")
+def test_args_smoke(tmp_path):
+    doc = nexus("bench", "args", "--model", "smollm2-135m", "--max-cases", "2", "--pool", "cases", "--reranker", "none",
+                "--trials", "1", "--out", str(tmp_path))
+    s = doc["summary"]
+    assert doc["suite"] == "args" and s["routing"]["n"] == 2
+    assert s["signature_tokens"]["median"] > 0
+    if s["routing"]["value"] > 0:
+        fa = s["first_arg"]
+        assert fa["steady"]["speedup"]["value"] > 0 and 0 < fa["token_saving_turn"] < 1

@@ -507,8 +507,9 @@ _BASE_RULES = {
     "unumber": f'uinteger ("." [0-9]{{1,{FRAC_MAX_DIGITS}}})?',
     "string": f'"\\"" char{{0,{STRING_MAX_CHARS}}} "\\""',
     "value": "object | array | string | number | boolean | null",
-    "object": '"{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}"',
-    "array": '"[" ws ( value ( "," ws value )* )? "]"',
+    # free-form objects and arrays are bounded too (see ARRAY_MAX_ITEMS): a small model must not loop forever
+    "object": '"{" ws ( string ":" ws value ( "," ws string ":" ws value ){0,9} )? "}"',
+    "array": '"[" ws ( value ( "," ws value ){0,9} )? "]"',
 }
 _BASE_DEPS = {
     "number": ["integer"], "unumber": ["uinteger"], "string": ["char"],
@@ -718,6 +719,10 @@ class _GrammarBuilder:
         if lo > 64 or (hi is not None and hi > 64):  # keep the grammar small: plain repetition
             hi = None
             lo = min(lo, 1)
+        if hi is None and lo <= ARRAY_MAX_ITEMS:
+            # An unbounded array lets a small model loop until max_tokens and never close the JSON; a request
+            # rarely names more items than this, and the bound keeps every output finite and valid.
+            hi = ARRAY_MAX_ITEMS
         if hi == 0:
             return self.add(hint + "-arr", '"[" "]"')
         more = '( "," ws ' + item + " )"
@@ -743,7 +748,7 @@ class _GrammarBuilder:
                 if not val:
                     return self.add(hint + "-obj", '"{" "}"')
                 self.base("string")
-                return self.add(hint + "-map", f'"{{" ws ( string ":" ws {val} ( "," ws string ":" ws {val} )* )? "}}"')
+                return self.add(hint + "-map", f'"{{" ws ( string ":" ws {val} ( "," ws string ":" ws {val} ){{0,{ARRAY_MAX_ITEMS - 1}}} )? "}}"')
             return self.base("object")
         ordered = _ordered_props(s)
         req_kv: list[str] = []
@@ -818,6 +823,9 @@ def grammar_of(name: str, schema: Any) -> tuple[str, list[str]]:
     except RecursionError:
         raise SchemaError("schema nested too deeply") from None
     return text, b.problems
+
+
+ARRAY_MAX_ITEMS = 10  # default bound on generated arrays without maxItems (see Grammar.array)
 
 
 def with_string_limit(gbnf: str, max_chars: int) -> str:

@@ -179,7 +179,8 @@ def _merge_into(base: dict, other: dict, problems: list[str]) -> dict:
                 props[pk] = {"allOf": [props[pk], pv]} if pk in props else pv
             out[k] = props
         elif k == "required" and isinstance(v, list) and isinstance(out[k], list):
-            out[k] = list(dict.fromkeys([*out[k], *v]))
+            # only string names count (found by the schema fuzzer: a dict inside "required" is unhashable)
+            out[k] = list(dict.fromkeys(x for x in [*out[k], *v] if isinstance(x, str)))
         elif k == "type":
             a = _declared_types({"type": out[k]}) or list(_TYPES)
             b = _declared_types({"type": v}) or list(_TYPES)

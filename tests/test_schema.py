@@ -343,3 +343,14 @@ def test_real_grammars_parse_and_accept_valid_examples():
     print(f"\nexamples valid against the schema: {checked}, accepted by the grammar: {accepted}")
     assert checked >= 1700
     assert not rejected, rejected[:5]
+
+
+def test_regression_r8_required_list_holding_a_dict_is_not_an_internal_error():
+    """Found by fuzz/schema_fuzz.py (fuzz/regressions/schema/schema-R8-*): allOf merging of `required` lists that
+    hold a non-string must not raise TypeError inside the normalizer."""
+    from nexus_cli.schema import compile_tool
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}},
+              "allOf": [{"required": ["a", {"x": 1}]}, {"required": [{"y": 2}, "a"]}]}
+    spec = compile_tool({"name": "t", "inputSchema": schema})
+    assert not any("internal error" in p for p in spec.problems), spec.problems

@@ -489,6 +489,8 @@ def gbnf_literal(text: str) -> str:
             out.append("\\t")
         elif o < 0x20 or o == 0x7F:
             out.append(f"\\x{o:02X}")
+        elif o in (0x85, 0x2028, 0x2029):  # Unicode line breaks: escaped so a grammar stays one rule per line
+            out.append(f"\\u{o:04X}")
         elif 0xD800 <= o <= 0xDFFF:  # lone surrogate (only reachable from malformed input): escape as JSON would
             out.append(f"\\\\u{o:04x}")
         else:

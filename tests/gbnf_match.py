@@ -33,7 +33,7 @@ def _unescape(src: str, i: int) -> tuple[str, int]:
 class Grammar:
     def __init__(self, text: str):
         self.rules: dict[str, object] = {}
-        for line in text.splitlines():
+        for line in text.split("\n"):  # only \n ends a rule (not U+2028 and kin)
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             m = re.match(r"\s*([a-zA-Z0-9-]+)\s*::=\s*(.*)$", line)

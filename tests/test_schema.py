@@ -354,3 +354,14 @@ def test_regression_r8_required_list_holding_a_dict_is_not_an_internal_error():
               "allOf": [{"required": ["a", {"x": 1}]}, {"required": [{"y": 2}, "a"]}]}
     spec = compile_tool({"name": "t", "inputSchema": schema})
     assert not any("internal error" in p for p in spec.problems), spec.problems
+
+
+def test_regression_r9_unicode_line_separator_is_escaped_in_grammar_literals():
+    """Found by fuzz/schema_fuzz.py (fuzz/regressions/schema/schema-R9-*): U+2028 inside an enum/const literal must be
+    escaped, so every grammar rule stays on one line."""
+    from nexus_cli.schema import compile_tool, gbnf_literal
+
+    assert gbnf_literal("a\u2028b\x85c") == '"a\\u2028b\\u0085c"'
+    spec = compile_tool({"name": "t", "inputSchema": {"type": "object", "properties": {
+        "k": {"const": "x\u2028y"}}, "required": ["k"]}})
+    assert spec.ok and "\u2028" not in spec.grammar

@@ -88,7 +88,7 @@ def evaluate(router: Router, rows: list[dict], rerank) -> dict:
     cfg_k = router.config.top_k
     router.config.top_k = 10
     for r in rows:
-        res = router.route(r["query"], with_args=False, rerank=rerank)
+        res = router.route(r["query"], history=r.get("history"), with_args=False, rerank=rerank)
         gold = (r["server"], r["tool"])
         got = [(c.server, c.tool) for c in res.candidates]
         top1 += got[0] == gold

@@ -29,6 +29,7 @@ from .errors import SchemaError
 MAX_DEPTH = 48  # nesting of a schema we are willing to walk
 MAX_RULES = 4000  # grammar size guard (rules)
 MAX_GRAMMAR_CHARS = 400_000
+MAX_EXPANSION_STEPS = 20_000  # $ref/allOf expansion work per schema (see _Budget)
 STRING_MAX_CHARS = 512  # a string value may hold at most this many characters (runaway guard)
 INT_MAX_DIGITS = 16
 FRAC_MAX_DIGITS = 12
@@ -207,10 +208,27 @@ def _merge_into(base: dict, other: dict, problems: list[str]) -> dict:
 
 # ------------------------------------------------------------------------------------------- normalization
 
+class _Budget:
+    """Work left for $ref/allOf expansion, shared by every normalizer of one compilation.
+
+    Found by the schema fuzzer (R10): allOf branches that each $ref the root merge into nested allOf lists that
+    double at every expansion; the schema is a few hundred bytes and the work exponential. Real registries need at
+    most a few hundred steps (see tests/test_schema.py)."""
+
+    def __init__(self, steps: int):
+        self.left = steps
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise SchemaError(f"schema too complex: $ref/allOf expansion needs over {MAX_EXPANSION_STEPS} steps")
+
+
 class _Normalizer:
-    def __init__(self, root: Any):
+    def __init__(self, root: Any, budget: _Budget | None = None):
         self.refs = _Refs(root)
         self.problems: list[str] = []
+        self.budget = budget or _Budget(MAX_EXPANSION_STEPS)
 
     def norm(self, s: Any, depth: int = 0, active: tuple = ()) -> Any:
         if depth > MAX_DEPTH:
@@ -280,6 +298,7 @@ class _Normalizer:
         seen_chain: list[str] = []
         guard = 0
         while True:
+            self.budget.spend()
             guard += 1
             if guard > MAX_DEPTH:
                 raise SchemaError("schema nested deeper than allowed while resolving $ref/allOf")
@@ -509,20 +528,30 @@ _BASE_RULES = {
     "number": f'integer ("." [0-9]{{1,{FRAC_MAX_DIGITS}}})?',
     "unumber": f'uinteger ("." [0-9]{{1,{FRAC_MAX_DIGITS}}})?',
     "string": f'"\\"" char{{0,{STRING_MAX_CHARS}}} "\\""',
-    "value": "object | array | string | number | boolean | null",
-    # free-form objects and arrays are bounded too (see ARRAY_MAX_ITEMS): a small model must not loop forever
-    "object": '"{" ws ( string ":" ws value ( "," ws string ":" ws value ){0,9} )? "}"',
-    "array": '"[" ws ( value ( "," ws value ){0,9} )? "]"',
+    "value": "object | array | scalar",
+    # free-form objects and arrays are bounded in width (ARRAY_MAX_ITEMS) and in depth (three levels): a small
+    # model must not loop forever, neither sideways nor by nesting {"a": {"a": {"a": ...
+    "object": '"{" ws ( string ":" ws inner ( "," ws string ":" ws inner ){0,9} )? "}"',
+    "array": '"[" ws ( inner ( "," ws inner ){0,9} )? "]"',
+    "inner": "flatobject | flatarray | scalar",
+    "flatobject": '"{" ws ( string ":" ws scalar ( "," ws string ":" ws scalar ){0,9} )? "}"',
+    "flatarray": '"[" ws ( scalar ( "," ws scalar ){0,9} )? "]"',
+    "scalar": "string | number | boolean | null",
 }
 _BASE_DEPS = {
     "number": ["integer"], "unumber": ["uinteger"], "string": ["char"],
-    "value": ["object", "array", "string", "number", "boolean", "null"],
-    "object": ["ws", "string", "value"], "array": ["ws", "value"],
+    "value": ["object", "array", "scalar"],
+    "object": ["ws", "string", "inner"], "array": ["ws", "inner"],
+    "inner": ["flatobject", "flatarray", "scalar"],
+    "flatobject": ["ws", "string", "scalar"], "flatarray": ["ws", "scalar"],
+    "scalar": ["string", "number", "boolean", "null"],
 }
 
 
 class _GrammarBuilder:
-    def __init__(self, root: Any, name: str):
+    def __init__(self, root: Any, name: str, tight: bool = False):
+        self.tight = tight  # the fallback grammar: short arrays, no free-form content
+        self.budget = _Budget(MAX_EXPANSION_STEPS)
         self.refs = _Refs(root)
         self.rules: dict[str, str] = {}
         self.memo: dict[str, str] = {}
@@ -571,7 +600,7 @@ class _GrammarBuilder:
         if "$ref" in s:
             return self.ref_expr(s, hint, depth)
         if isinstance(s.get("allOf"), list) and s["allOf"]:
-            norm = _Normalizer(self.refs.root)
+            norm = _Normalizer(self.refs.root, self.budget)
             flat = norm._flatten(s, depth, ())
             self.problems.extend(p for p in norm.problems if p not in self.problems)
             if "$ref" in flat:
@@ -629,7 +658,7 @@ class _GrammarBuilder:
         alts: list[str] = []
         branches = None
         if isinstance(s.get("anyOf"), list) or isinstance(s.get("oneOf"), list):
-            norm = _Normalizer(self.refs.root)
+            norm = _Normalizer(self.refs.root, self.budget)
             flat = norm._flatten({k: v for k, v in s.items()}, depth, ())
             self.problems.extend(p for p in norm.problems if p not in self.problems)
             branches = flat.get("anyOf") if isinstance(flat.get("anyOf"), list) else None
@@ -726,6 +755,8 @@ class _GrammarBuilder:
             # An unbounded array lets a small model loop until max_tokens and never close the JSON; a request
             # rarely names more items than this, and the bound keeps every output finite and valid.
             hi = ARRAY_MAX_ITEMS
+        if self.tight and hi is not None and hi > max(lo, TIGHT_ARRAY_MAX_ITEMS):
+            hi = max(lo, TIGHT_ARRAY_MAX_ITEMS)
         if hi == 0:
             return self.add(hint + "-arr", '"[" "]"')
         more = '( "," ws ' + item + " )"
@@ -744,6 +775,12 @@ class _GrammarBuilder:
             self._problem("properties is not an object (ignored)")
         if not props and not isinstance(s.get("required"), list):
             ap = s.get("additionalProperties", True)
+            if isinstance(s.get("properties"), dict) and "additionalProperties" not in s:
+                # "properties": {} declares the parameters, and there are none: the MCP idiom for a tool that
+                # takes no arguments. Only {} is worth generating (any key would be invented).
+                return self.add(hint + "-obj", '"{" "}"')
+            if self.tight and not (isinstance(ap, dict) and ap):
+                return self.add(hint + "-obj", '"{" "}"')
             if ap is False:
                 return self.add(hint + "-obj", '"{" "}"')
             if isinstance(ap, dict) and ap:
@@ -800,15 +837,19 @@ class _GrammarBuilder:
         return out
 
 
-def grammar_of(name: str, schema: Any) -> tuple[str, list[str]]:
-    """(GBNF text, problems) for a tool's input schema. Raises SchemaError with a one-line reason."""
+def grammar_of(name: str, schema: Any, tight: bool = False) -> tuple[str, list[str]]:
+    """(GBNF text, problems) for a tool's input schema. Raises SchemaError with a one-line reason.
+
+    tight=True gives the fallback grammar that arguments generation retries with when a first answer ran out of
+    tokens: arrays of at most TIGHT_ARRAY_MAX_ITEMS items (or minItems), free-form objects empty; the keys stay
+    (forbidding a key the model wants makes a small model fill the current value with junk instead)."""
     if isinstance(schema, bool):
         schema = {"type": "object"} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise SchemaError(f"input schema is a {type(schema).__name__}, not an object")
-    b = _GrammarBuilder(schema, name)
+    b = _GrammarBuilder(schema, name, tight=tight)
     try:
-        flat = _Normalizer(schema)._flatten(schema, 0, ())
+        flat = _Normalizer(schema, b.budget)._flatten(schema, 0, ())
         if "$ref" in flat:
             flat = {"$ref": flat["$ref"]}
         types = _declared_types(flat) or _infer_types(flat)
@@ -829,6 +870,7 @@ def grammar_of(name: str, schema: Any) -> tuple[str, list[str]]:
 
 
 ARRAY_MAX_ITEMS = 10  # default bound on generated arrays without maxItems (see Grammar.array)
+TIGHT_ARRAY_MAX_ITEMS = 2  # the same in the fallback grammar (grammar_of(tight=True))
 
 
 def with_string_limit(gbnf: str, max_chars: int) -> str:

@@ -151,6 +151,23 @@ def test_smollm_picks_value_from_history(smollm):
     assert res.arguments.get("path") == "docs/setup.md", res.raw
 
 
+@pytest.mark.slow
+def test_answer_that_runs_out_of_tokens_is_retried_over_the_tight_grammar(smollm):
+    """A budget too small for the full answer (seven tags): the first answer cannot close its JSON, the retry over
+    the tight grammar (at most two array items) gives a valid object instead of an error."""
+    spec = compile_tool(Tool("notes", "tag_note", "Tag a note.", {
+        "type": "object", "properties": {"id": {"type": "integer", "description": "Note id"},
+                                         "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["id"]}))
+    query = "tag note 42 with alpha, beta, gamma, delta, epsilon, zeta and theta"
+    full = generate_arguments(smollm, spec, query, max_tokens=96)
+    assert len(json.loads(full.raw).get("tags", [])) >= 4, full.raw  # what the model wants to write
+    res = generate_arguments(smollm, spec, query, max_tokens=20)
+    assert res.retried_tight, res.raw
+    assert res.valid, (res.raw, res.errors)
+    assert json.loads(res.raw)["id"] == 42 and len(json.loads(res.raw).get("tags", [])) <= 2, res.raw
+
+
 def test_string_bound_follows_the_context():
     from nexus_cli.schema import STRING_MAX_CHARS, with_string_limit
 

@@ -190,6 +190,40 @@ def test_map_objects_and_empty_schemas():
     assert Grammar(grammar(tool({}))).accepts(dumps({"free": [1, "x"]}))
 
 
+def test_declared_empty_properties_admit_only_the_empty_object():
+    # the MCP idiom for "no arguments": anything the model wrote would be invented (SmolLM2 nested {"env": {"env":
+    # ... until max_tokens on such tools before this rule)
+    g = Grammar(grammar(tool({"type": "object", "properties": {}})))
+    assert g.accepts("{}")
+    assert not g.accepts(dumps({"env": 1}))
+    # an explicit additionalProperties keeps the map open
+    assert accepts({"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}, {"a": 1})
+
+
+def test_free_form_values_are_bounded_in_depth_and_width():
+    g = Grammar(grammar(tool({"type": "object", "properties": {"x": {}}})))
+    assert g.accepts(dumps({"x": {"a": {"b": 1}, "c": [1, "2", None]}}))  # three levels
+    assert not g.accepts(dumps({"x": {"a": {"b": {"c": 1}}}}))  # a fourth level
+    assert g.accepts(dumps({"x": list(range(10))}))
+    assert not g.accepts(dumps({"x": list(range(11))}))
+
+
+def test_tight_grammar_has_short_arrays_and_empty_free_form_objects():
+    from nexus_cli.schema import TIGHT_ARRAY_MAX_ITEMS, grammar_of
+
+    s = {"type": "object", "properties": {"path": {"type": "string"}, "dry": {"type": "boolean"},
+                                          "edits": {"type": "array", "items": {"type": "string"}},
+                                          "meta": {"type": "object"}},
+         "required": ["path", "edits"]}
+    text, _ = grammar_of("t", s, tight=True)
+    g = Grammar(text)
+    assert g.accepts(dumps({"path": "a", "edits": ["x"] * TIGHT_ARRAY_MAX_ITEMS}))
+    assert not g.accepts(dumps({"path": "a", "edits": ["x"] * (TIGHT_ARRAY_MAX_ITEMS + 1)}))
+    assert g.accepts(dumps({"path": "a", "edits": [], "dry": True, "meta": {}}))  # optional keys stay
+    assert not g.accepts(dumps({"path": "a", "edits": [], "meta": {"k": 1}}))  # free-form objects are empty
+    assert Grammar(grammar(tool(s))).accepts(dumps({"path": "a", "edits": [], "meta": {"k": 1}}))
+
+
 def test_non_object_root_and_invalid_schemas_are_reasons_never_crashes():
     bad_inputs = [
         {"type": "string"}, {"type": "array", "items": {}}, [], "x", 3, None, False,
@@ -365,3 +399,26 @@ def test_regression_r9_unicode_line_separator_is_escaped_in_grammar_literals():
     spec = compile_tool({"name": "t", "inputSchema": {"type": "object", "properties": {
         "k": {"const": "x\u2028y"}}, "required": ["k"]}})
     assert spec.ok and "\u2028" not in spec.grammar
+
+
+def test_regression_r10_self_referencing_allof_expansion_is_bounded():
+    """Found by fuzz/schema_fuzz.py (fuzz/regressions/schema/schema-R10-*, a libFuzzer timeout): allOf branches that
+    each $ref the root doubled their merged allOf lists at every expansion (a 400-byte schema, exponential work).
+    The expansion now has a budget; the tool is refused with the reason. The alarm turns a regression into a
+    failure instead of a hung suite."""
+    import signal
+
+    from nexus_cli.schema import MAX_EXPANSION_STEPS, compile_tool
+
+    me = {"type": "object", "properties": {"me": {"$ref": "#"}}}
+    schema = {"type": "object", "properties": {}, "additionalProperties": False,
+              "allOf": [me, me, {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}]}
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("expansion not bounded")))
+    signal.alarm(60)
+    try:
+        spec = compile_tool({"name": "t", "inputSchema": schema})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert not spec.ok and spec.grammar is None
+    assert any(f"needs over {MAX_EXPANSION_STEPS} steps" in p for p in spec.problems), spec.problems

@@ -10,7 +10,9 @@ Prompt (chat template of the model):
              tool's signature with short inline descriptions, and the request.
 Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
 String values are bounded by the length of the request + history window (a value longer than its only
-possible source cannot be copied from it; this stops a small model's runaway strings). Post-processing drops optional fields whose values are not supported by the request or the history window (the
+possible source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out
+of tokens before its JSON closes is retried once over the tool's tight grammar (arrays of at most two items,
+free-form objects empty). Post-processing drops optional fields whose values are not supported by the request or the history window (the
 model's habit of inventing them); required fields are never touched. The result is then validated with jsonschema
 against the ORIGINAL schema the server sent; every violation is reported in `ArgsResult.errors` (valid=False).
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import NexusError, SchemaError
-from ..schema import ToolSpec, signature_of, validate_arguments, with_string_limit
+from ..schema import ToolSpec, grammar_of, signature_of, validate_arguments, with_string_limit
 
 DEFAULT_MAX_TOKENS = 256
 HISTORY_TURNS = 6  # most recent messages kept
@@ -62,6 +64,7 @@ class ArgsResult:
     prompt_tokens: int = 0
     dropped: list[str] = field(default_factory=list)  # optional fields removed by post-processing
     prompt: str = ""
+    retried_tight: bool = False  # the first answer ran out of tokens; this one came from the tight grammar
 
 
 # ------------------------------------------------------------------------------------------------ history window
@@ -260,6 +263,23 @@ def _context_for(llm: Any):
     raise NexusError(f"generate_arguments needs a LlamaContext or LlamaModel, got {type(llm).__name__}")
 
 
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _tight_grammar(spec: ToolSpec) -> str | None:
+    """The fallback grammar of a tool (schema.grammar_of(tight=True)), or None when it cannot be built."""
+    try:
+        text, _ = grammar_of(spec.name, spec.input_schema, tight=True)
+    except NexusError:
+        return None
+    return text
+
+
 def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[Any] | None = None,
                        max_tokens: int = DEFAULT_MAX_TOKENS, few_shot: bool = False, descriptions: bool = True,
                        post_process: bool = True, seq_id: int = 0) -> ArgsResult:
@@ -289,22 +309,34 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     res = ctx.generate(tokens[start:], max_tokens=max_tokens, grammar=gbnf, temperature=0.0,
                        seq_id=seq_id, start_pos=start)
+    t_first, t_total = res.t_first_token_ms, res.t_total_ms
+    retried = False
+    if res.stop == "max_tokens" and not _parses(res.text):
+        # The model looped (a long array, nested free-form objects) and ran out of tokens. Retry once over the
+        # tight grammar (arrays of at most two items, free-form objects empty): a shorter answer beats no answer.
+        tight = _tight_grammar(spec)
+        if tight is not None:
+            res = ctx.generate(tokens, max_tokens=max_tokens,
+                               grammar=with_string_limit(tight, max(STRING_MIN_BOUND, source_chars + 16)),
+                               temperature=0.0, seq_id=seq_id, start_pos=0)
+            t_total += res.t_total_ms
+            retried = True
     if seq_id == 0:
         _WARM[ctx] = (list(tokens), ctx.seq_pos_max(seq_id))
     raw = res.text
-    timings = {"first_token": round(res.t_first_token_ms, 2), "total": round(res.t_total_ms, 2)}
+    timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     errors: list[str] = []
     try:
         args = json.loads(raw)
     except ValueError as e:
         why = "output hit max_tokens before the JSON closed" if res.stop == "max_tokens" else f"output is not JSON: {e}"
-        return ArgsResult({}, raw, False, [why], timings, len(tokens), [], "")
+        return ArgsResult({}, raw, False, [why], timings, len(tokens), [], "", retried)
     if not isinstance(args, dict):
-        return ArgsResult({}, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "")
+        return ArgsResult({}, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "", retried)
     dropped: list[str] = []
     if post_process:
         context = " ".join([str(query)] + [m["content"] for m in window])
         args, dropped = drop_unsupported(args, spec, context)
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"])
+                      messages[-1]["content"], retried)

@@ -19,6 +19,21 @@ from . import textgen
 from .index import Index, dense_tool_scores, fuse, load_index
 
 RERANKERS = ("auto", "none", "cross", "llm")
+HISTORY_WEIGHT = 0.5
+HISTORY_TURNS = 2  # the most recent messages that inform routing
+HISTORY_CHARS = 300
+
+
+def routing_context(history: Sequence[dict] | None) -> str:
+    """The recent turns that inform routing: the last HISTORY_TURNS messages' text, bulky tool payloads replaced by
+    surrogates (as in the arguments' history window), cut to HISTORY_CHARS from the end."""
+    if not history:
+        return ""
+    from .arguments import prune_history
+
+    msgs = prune_history(history, max_turns=HISTORY_TURNS)
+    text = " ".join(m["content"] for m in msgs if m.get("content"))
+    return text[-HISTORY_CHARS:].strip()
 
 
 @dataclass
@@ -69,6 +84,7 @@ class RouterConfig:
     use_gate: bool = True  # False: always rerank (ablation)
     model: str = "qwen2.5-0.5b"  # LLM for arguments (and the llm reranker)
     threads: int | None = None
+    history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     extra: dict = field(default_factory=dict)
 
 
@@ -147,18 +163,32 @@ class Router:
 
     # ------------------------------------------------------------------------------------------- retrieval
 
-    def retrieve(self, query: str) -> tuple[np.ndarray, dict]:
-        """Fused per-tool scores and timings (ms) of embed and scan (scan includes the BM25 pass and fusion)."""
+    def _scores(self, text: str) -> tuple[np.ndarray, float, float, float]:
+        """Fused per-tool scores of one text: (scores, embed s, scan+fusion s, native scan s)."""
         t0 = time.perf_counter()
-        qvec = self.index.query_vector(self.embedder.encode_one(query))
+        qvec = self.index.query_vector(self.embedder.encode_one(text))
         t1 = time.perf_counter()
-        dense, _native = dense_tool_scores(self.index.slb, qvec)
+        dense, native = dense_tool_scores(self.index.slb, qvec)
         lex = None
         if self.index.bm25 is not None and self.lex_weight > 0:
-            lex = self.index.bm25.scores(textgen.lex_tokens(query))
+            lex = self.index.bm25.scores(textgen.lex_tokens(text))
         scores = fuse(dense, lex, self.lex_weight)
-        t2 = time.perf_counter()
-        return scores, {"embed": (t1 - t0) * 1e3, "scan": (t2 - t1) * 1e3, "scan_native": _native * 1e3}
+        return scores, t1 - t0, time.perf_counter() - t1, native
+
+    def retrieve(self, query: str, history: Sequence[dict] | None = None) -> tuple[np.ndarray, dict]:
+        """Fused per-tool scores and timings (ms) of embed and scan (scan includes the BM25 pass and fusion).
+
+        With a history, follow-ups ("close it", "post that there") name neither the object nor the service, so the
+        query is also scored with the recent turns prepended, and the two score vectors are averaged
+        (HISTORY_WEIGHT). The query alone keeps half the weight: a new topic must not be pulled back to the old one."""
+        scores, embed_s, scan_s, native_s = self._scores(query)
+        context = routing_context(history)
+        if context and self.config.history_weight > 0:
+            with_ctx, e2, s2, n2 = self._scores(f"{context} {query}")
+            w = self.config.history_weight
+            scores = (1.0 - w) * scores + w * with_ctx
+            embed_s, scan_s, native_s = embed_s + e2, scan_s + s2, native_s + n2
+        return scores, {"embed": embed_s * 1e3, "scan": scan_s * 1e3, "scan_native": native_s * 1e3}
 
     def route(self, query: str, history: Sequence[dict] | None = None, with_args: bool = True,
               rerank: bool | None = None) -> RouteResult:
@@ -166,7 +196,7 @@ class Router:
         if not isinstance(query, str) or not query.strip():
             raise NexusError("the query is empty")
         t_start = time.perf_counter()
-        scores, tm = self.retrieve(query)
+        scores, tm = self.retrieve(query, history)
         k = max(self.config.top_k, self.config.rerank_k)
         order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
         margin = float(scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")

@@ -85,11 +85,21 @@ def deep_splice(doc) -> list[str]:
 def dkl(doc) -> list[str]:
     s = doc["summary"]
     out = [f"### Bare-splice KL vs offset (Fig. 1) — {doc['params']['queries']} queries/offset", "", f"_{_machine(doc)}_", "",
-           "| offset | n_past | KL mean [95 % CI] | KL max | top-1 % [95 % CI] | floor max |", "|---|---|---|---|---|---|"]
+           "| offset | n_past | KL mean [95 % CI] | KL max | top-1 % [95 % CI] | floor max | control KL mean [95 % CI] | max abs(bare - control) |",
+           "|---|---|---|---|---|---|---|---|"]
+    has_ctl = False
     for r in s["rows"]:
-        out.append(f"| {r['offset']} | {r['n_past']} | {_ci(r['kl_mean'], 4)} | {_kl(r['kl_max'])} | {_ci(r['top1'], 0, 100)} | {_kl(r['floor_max'])} |")
+        ctl = r.get("position_matched_kl_mean")
+        has_ctl = has_ctl or ctl is not None
+        out.append(f"| {r['offset']} | {r['n_past']} | {_ci(r['kl_mean'], 4)} | {_kl(r['kl_max'])} | {_ci(r['top1'], 0, 100)} | "
+                   f"{_kl(r['floor_max'])} | {_ci(ctl, 4) if ctl else '—'} | "
+                   f"{_kl(r['rotation_kl_excess_max']) if ctl else '—'} |")
     ll = s.get("legolink")
     out += ["", "Paper (14B): 0.008–0.038 nats off-anchor, top-1 = 1.0 everywhere; LegoLink 5.7 nats at 1024."]
+    if has_ctl:
+        out.append("Control: the block computed by llama.cpp directly at the splice positions after the compile prefix "
+                   "only (no re-rotation, the history still unseen): its KL is the context drift alone; where the "
+                   "bare splice matches it, the re-anchoring adds nothing and the divergence is the model's.")
     if ll:
         out.append(f"LegoLink port (k = {ll['k']}) at offset {ll['offset']}: KL {_ci(ll['kl_mean'], 4)} nats, top-1 "
                    f"{_ci(ll['top1'], 0, 100)} %, against the bare splice's {_kl(ll['bare_kl_mean_same_offset'])} at the same offset.")

@@ -7,8 +7,11 @@ the history is decoded once, then for each of the `queries` user turns:
   reference  schema + query decoded as text in one call                                  -> p_ref
   floor      the same text in two calls (schema, then query)                             -> KL(p_ref || p_split)
   bare       the compiled block spliced at n_past (re-rotated, R = 0: nothing recomputed), query decoded -> p_bare
+  control    the block computed by llama.cpp at its real positions n_past.., seeing only the compile prefix as the
+             compiled block did (position_matched_block): no re-rotation, only the missing history -> p_ctl
 
-KL = D_KL(p_ref || p_bare) in nats; top-1 = argmax agreement. Per offset: mean KL with a percentile-bootstrap 95 %
+KL = D_KL(p_ref || p_bare) in nats; top-1 = argmax agreement. KL(p_ref || p_ctl) is the context drift alone (a block
+that never attended to the history); |KL_bare - KL_ctl| per query bounds what the re-rotation itself adds. Per offset: mean KL with a percentile-bootstrap 95 %
 interval over the queries, median and max, top-1 rate with its Wilson interval, mean and max floor.
 
 LegoLink port (EPIC, ICML 2025: recompute the first k tokens of every precomputed chunk, k <= 32, evaluated 16): after
@@ -42,6 +45,22 @@ def legolink_recompute(ctx, block_tokens, n_past: int, k: int, live: int = 0, sc
     ctx.decode([int(t) for t in block_tokens[:k]], n_past, scratch, logits_last=False)
     ctx.seq_rm(live, n_past, n_past + k)
     ctx.seq_cp(scratch, live, n_past, n_past + k)
+    ctx.seq_rm(scratch, -1, -1)
+
+
+def position_matched_block(ctx, prefix, block_tokens, n_past: int, live: int = 0, scratch: int = 1) -> None:
+    """The control for the bare splice: the block computed by llama.cpp directly at its real positions n_past.. and,
+    like the compiled block, after the compile prefix only (not the history); its cells are then given to `live`.
+
+    The scratch sequence decodes prefix + block at positions n_past - len(prefix) .. (an empty sequence may start
+    anywhere; RoPE attention depends on relative positions only, so the block sees the prefix exactly as at compile
+    time). No re-rotation is involved: the control's divergence from the reference is the missing history alone,
+    and the bare splice's divergence beyond it is what our re-anchoring adds."""
+    m0 = len(prefix)
+    ctx.seq_rm(live, n_past, -1)  # first: the context is sized for one copy of the block
+    ctx.seq_rm(scratch, -1, -1)
+    ctx.decode([int(t) for t in prefix] + [int(t) for t in block_tokens], n_past - m0, scratch, logits_last=False)
+    ctx.seq_cp(scratch, live, n_past, n_past + len(block_tokens))
     ctx.seq_rm(scratch, -1, -1)
 
 
@@ -88,13 +107,13 @@ def run(
     for off in all_offsets:
         hist = prefix + filler_tokens(llm, off)
         n_past = len(hist)
-        ctx = context(llm, n_past + S + max(len(q) for q in qtoks) + 8, flash_attn)
+        ctx = context(llm, n_past + m0 + S + max(len(q) for q in qtoks) + 8, flash_attn)
         try:
             engine = SpliceEngine(ctx)
             engine.check(block)
             ctx.clear()
             ctx.decode(hist, 0, 0, logits_last=False)
-            kl, top1, floor, ll_kl, ll_top1 = [], [], [], [], []
+            kl, top1, floor, ll_kl, ll_top1, pm_kl, pm_top1 = [], [], [], [], [], [], []
             for q in qtoks:
                 ctx.seq_rm(0, n_past, -1)
                 ctx.decode(schema + q, n_past, 0)
@@ -109,6 +128,11 @@ def run(
                     res = engine.splice(block, n_past, 0.0, then_tokens=q)
                     kl.append(kl_divergence(ref, res.logits))
                     top1.append(int(np.argmax(ref)) == int(np.argmax(res.logits)))
+                    position_matched_block(ctx, prefix, schema, n_past)
+                    ctx.decode(q, n_past + S, 0)
+                    pm = ctx.logits()
+                    pm_kl.append(kl_divergence(ref, pm))
+                    pm_top1.append(int(np.argmax(ref)) == int(np.argmax(pm)))
                 if off in ll_offsets:
                     ctx.seq_rm(0, n_past, -1)
                     engine.splice(block, n_past, 0.0, then_tokens=None)
@@ -120,13 +144,17 @@ def run(
                 progress.advance(f"offset {off}")
         finally:
             ctx.close()
-        samples[f"o{off}"] = {"kl": kl, "top1": top1, "floor_kl": floor, "legolink_kl": ll_kl, "legolink_top1": ll_top1}
+        samples[f"o{off}"] = {"kl": kl, "top1": top1, "floor_kl": floor, "legolink_kl": ll_kl, "legolink_top1": ll_top1,
+                              "position_matched_kl": pm_kl, "position_matched_top1": pm_top1}
         if off in offsets:
             rows.append({
                 "offset": off, "n_past": n_past,
                 "kl_mean": stats.mean_ci(kl, n_boot, seed), "kl_median": float(np.median(kl)), "kl_max": float(max(kl)),
                 "top1": stats.wilson(sum(top1), len(top1)),
                 "floor_mean": float(np.mean(floor)), "floor_max": float(max(floor)),
+                "position_matched_kl_mean": stats.mean_ci(pm_kl, n_boot, seed),
+                "position_matched_top1": stats.wilson(sum(pm_top1), len(pm_top1)),
+                "rotation_kl_excess_max": float(max(abs(a - b) for a, b in zip(kl, pm_kl))),
             })
         if off in ll_offsets:
             legolink = {

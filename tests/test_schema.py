@@ -422,3 +422,38 @@ def test_regression_r10_self_referencing_allof_expansion_is_bounded():
         signal.signal(signal.SIGALRM, old)
     assert not spec.ok and spec.grammar is None
     assert any(f"needs over {MAX_EXPANSION_STEPS} steps" in p for p in spec.problems), spec.problems
+
+
+def test_regression_r11_wide_merges_are_charged_by_their_width():
+    """Found by fuzz/schema_fuzz.py (fuzz/regressions/schema/schema-R11-*, a timeout): R10's shape with a thousand
+    properties under the self-reference made each merge copy a thousand keys, so 20,000 plain expansion steps took
+    12 s. Merges now charge the budget by the number of keys they copy; the tool is refused with the reason."""
+    import signal
+
+    from nexus_cli.schema import compile_tool
+
+    wide = {f"p{i}": {"type": "object"} for i in range(1000)}
+    schema = {"type": "object", "allOf": [{"type": "object", "properties": {"me": {"$ref": "#"}}},
+                                          {"type": "object", "properties": {"me": {"$ref": "#", "properties": wide}}}]}
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("expansion not bounded")))
+    signal.alarm(60)
+    try:
+        spec = compile_tool({"name": "t", "inputSchema": schema})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert not spec.ok and any("schema too complex" in p for p in spec.problems), spec.problems
+
+
+def test_expansion_budget_counts_the_keys_a_merge_copies(monkeypatch):
+    from nexus_cli import schema as schema_mod
+
+    monkeypatch.setattr(schema_mod, "MAX_EXPANSION_STEPS", 500)
+
+    def merged(n):
+        props = {f"p{i}": {"type": "string"} for i in range(n)}
+        return {"name": "t", "inputSchema": {"type": "object", "allOf": [{"properties": props}, {"required": ["p0"]}]}}
+
+    assert schema_mod.compile_tool(merged(100)).ok  # ~100 steps (one per property) + ~200 keys copied
+    wide = schema_mod.compile_tool(merged(300))  # ~300 steps: within 500, but 600 more for the keys copied
+    assert not wide.ok and any("schema too complex" in p for p in wide.problems), wide.problems

@@ -298,7 +298,7 @@ def run(
                     r_gate = router.route(q["query"], q.get("history"), with_args=False)
                     r_off = router.route(q["query"], q.get("history"), with_args=False, rerank=False)
                     r_on = router.route(q["query"], q.get("history"), with_args=False, rerank=True) if rr_dir or reranker != "none" else r_off
-                    scores, tm = router.retrieve(q["query"])
+                    scores, tm = router.retrieve(q["query"], q.get("history"))
                     order = np.argsort(-scores, kind="stable")[:3]
                     qvec = router.embedder.encode_one(q["query"])
                     from .index import dense_tool_scores

@@ -139,6 +139,23 @@ def test_empty_query_is_an_error(router):
         router.route("   ", with_args=False)
 
 
+@pytest.mark.slow
+def test_cross_encoder_trains_from_the_registry_and_reranks(tmp_path, embedder):
+    """`nexus index --train-reranker` on the forge registry: a short listwise training of the MiniLM cross-encoder
+    (registry-derived requests, SLB confusions as negatives) that lowers its loss, is saved, and reranks."""
+    out = tmp_path / "forge-ce"
+    index_stage.build_index(load_registries([FORGE]), out, embedder=embedder, train_reranker=True,
+                            reranker_options={"time_budget_s": 60.0, "n_queries": 2, "epochs": 2})
+    log = json.loads((out / "manifest.json").read_text())["reranker"]
+    assert log["kind"] == "cross-encoder" and (out / "reranker" / "config.json").is_file()
+    assert log["train"]["steps"] >= 3 and log["train"]["loss_last"] < log["train"]["loss_first"], log
+    r = Router(out, RouterConfig(reranker="auto"), embedder=embedder)
+    assert r.reranker_name == "cross"
+    res = r.route("merge pull request 57 in acme/api", with_args=False, rerank=True)
+    assert res.reranker == "cross" and res.tool in {c.tool for c in res.candidates}
+    assert len({c.score for c in res.candidates}) > 1  # the cross-encoder's own scores, not ties
+
+
 def test_missing_trained_reranker_is_a_clear_error(forge_dir, embedder):
     with pytest.raises(NexusError, match="no trained reranker"):
         Router(forge_dir, RouterConfig(reranker="cross"), embedder=embedder)

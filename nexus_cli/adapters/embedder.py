@@ -180,9 +180,12 @@ class PairScorer:
         rng = random.Random(seed)
         opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
         order = list(range(len(groups)))
-        steps_total = epochs * ((len(order) + batch_queries - 1) // batch_queries)
+        steps_planned = epochs * ((len(order) + batch_queries - 1) // batch_queries)
+        # the schedule's length: the planned steps, or what the time budget affords once the first steps are timed
+        # (a run stopped by the budget must still have decayed its learning rate)
+        horizon = [steps_planned]
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / max(1, steps_total // 10)) * max(0.0, 1 - s / max(1, steps_total)))
+            opt, lambda s: min(1.0, (s + 1) / max(1, horizon[0] // 10)) * max(0.0, 1 - s / max(1, horizon[0])))
         self.model.train()
         t0 = time.perf_counter()
         step, losses, stopped = 0, [], False
@@ -209,15 +212,19 @@ class PairScorer:
                 opt.zero_grad()
                 losses.append(loss.item())
                 step += 1
+                if step == 3 and time_budget_s is not None:
+                    per_step = (time.perf_counter() - t0) / step
+                    horizon[0] = max(step + 1, min(steps_planned, int(time_budget_s / per_step)))
                 if callback is not None:
-                    callback(step, steps_total)
+                    callback(step, horizon[0])
                 if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
                     stopped = True
                     break
             if stopped:
                 break
         self.model.eval()
-        return {"steps": step, "steps_planned": steps_total, "seconds": round(time.perf_counter() - t0, 1),
+        return {"steps": step, "steps_planned": steps_planned, "schedule_steps": horizon[0],
+                "seconds": round(time.perf_counter() - t0, 1),
                 "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
                 "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped}
 

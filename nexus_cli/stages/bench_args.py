@@ -2,7 +2,8 @@
 compressed signature, compare with the gold arguments; time the first argument token of the signature path against
 re-prefilling the full schema.
 
-Routing: the Router over the ALL pool (the index and shared reranker of `bench routing`). A case routes correctly
+Routing: the Router over the ALL pool as `nexus route` runs it by default (no reranker: none measurably helps, see
+docs/routing.md; `--reranker cross` uses the shared reranker of `bench routing`). A case routes correctly
 when (server, tool) is its gold tool or an acceptable alternative.
 Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained). Each gold
 argument is "specified"; it is correct when the generated value equals the gold value (numbers numerically,
@@ -107,7 +108,7 @@ def run(
     trials: int = 3,
     max_cases: int | None = None,
     reranker_budget: float = 300.0,
-    reranker: str = "cross",
+    reranker: str = "none",
     pool: str = "all",
     seed: int = 0,
     n_boot: int = 2000,

@@ -920,6 +920,9 @@ def compile_tool(tool: Any) -> ToolSpec:
     except SchemaError as e:
         problems.append(f"signature: {e.message}")
         ok = False
+    except RecursionError:  # R12: a const/default/enum value nested deeper than the interpreter's stack renders
+        problems.append("signature: schema nested too deeply")
+        ok = False
     except Exception as e:  # a bug must not take the whole registry down; report it as a reason
         problems.append(f"signature: internal error {type(e).__name__}: {_short(e, 80)}")
         ok = False
@@ -928,6 +931,9 @@ def compile_tool(tool: Any) -> ToolSpec:
         problems += [p for p in more if p not in problems]
     except SchemaError as e:
         problems.append(f"grammar: {e.message}")
+        gram, ok = None, False
+    except RecursionError:
+        problems.append("grammar: schema nested too deeply")
         gram, ok = None, False
     except Exception as e:
         problems.append(f"grammar: internal error {type(e).__name__}: {_short(e, 80)}")

@@ -457,3 +457,16 @@ def test_expansion_budget_counts_the_keys_a_merge_copies(monkeypatch):
     assert schema_mod.compile_tool(merged(100)).ok  # ~100 steps (one per property) + ~200 keys copied
     wide = schema_mod.compile_tool(merged(300))  # ~300 steps: within 500, but 600 more for the keys copied
     assert not wide.ok and any("schema too complex" in p for p in wide.problems), wide.problems
+
+
+def test_regression_r12_deeply_nested_value_is_a_reason_not_an_internal_error():
+    """Found by fuzz/schema_fuzz.py (fuzz/regressions/schema/schema-R12-*): a const nested thousands deep passed the
+    normalizer (values are copied, not walked) and blew the stack when the signature rendered it."""
+    from nexus_cli.schema import compile_tool
+
+    deep: object = "x"
+    for _ in range(5000):
+        deep = [deep]
+    spec = compile_tool({"name": "t", "inputSchema": {"type": "object", "properties": {"k": {"const": deep}}}})
+    assert not any("internal error" in p for p in spec.problems), spec.problems
+    assert not spec.ok and any("nested too deeply" in p for p in spec.problems), spec.problems

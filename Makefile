@@ -54,7 +54,9 @@ demo: setup
 		--index $(DEMO_DIR)/index --model qwen2.5-0.5b
 
 results: setup
-	$(VPY) -m nexus_cli.stages.results_all
+	$(VPY) -m nexus_cli.stages.results_all; rc=$$?; \
+	$(VPY) -m nexus_cli.stages.results_summary --readme >/dev/null && echo "results/SUMMARY.md and README.md tables updated"; \
+	exit $$rc
 
 results-quick: setup
 	$(VPY) -m nexus_cli.stages.results_all --quick

@@ -18,3 +18,17 @@ def test_summary_of_an_empty_tree(tmp_path):
     text = results_summary.render(tmp_path)
     assert text.startswith("# Latest results")
     assert text.count("_not run yet_") == len(results_summary.SECTIONS)
+
+
+def test_readme_block_is_replaced_between_its_markers():
+    import pytest
+
+    from nexus_cli.stages import results_summary as rs
+
+    readme = f"# Nexus\n\nintro\n\n{rs.README_BEGIN}\nold table\n{rs.README_END}\n\n## Layout\n"
+    out = rs.with_tables(readme, "# Latest results\n\n### Deep splice\n\n| a |\n")
+    assert "old table" not in out and "#### Deep splice" in out and "# Latest results" not in out
+    assert out.startswith("# Nexus\n\nintro\n\n") and out.endswith(f"{rs.README_END}\n\n## Layout\n")
+    assert rs.with_tables(out, "### X\n") .count(rs.README_BEGIN) == 1
+    with pytest.raises(ValueError):
+        rs.with_tables("# no markers\n", "### X\n")

@@ -36,7 +36,8 @@ def request_for(tool, rng: random.Random) -> str:
     return max(qs, key=len) if qs else textgen.readable_name(tool.name)
 
 
-def args_run(tools, model_name: str = "smollm2-135m", seed: int = 0, log=None) -> dict:
+def args_run(tools, model_name: str = "smollm2-135m", seed: int = 0, log=None, start: int = 0, stop: int | None = None,
+             failures_file: Path | None = None) -> dict:
     from nexus_cli.adapters.llama import load_model
     from nexus_cli.stages.arguments import generate_arguments
 
@@ -46,6 +47,12 @@ def args_run(tools, model_name: str = "smollm2-135m", seed: int = 0, log=None) -
            "valid": 0, "failures": [], "seconds": 0.0}
     t0 = time.perf_counter()
     for i, tool in enumerate(tools):
+        if stop is not None and i >= stop:
+            break
+        if i < start:
+            request_for(tool, rng)  # keep the seeded request sequence identical to a full run
+            continue
+        n_fail = len(out["failures"])
         spec = compile_tool(tool)
         if not spec.ok or not spec.grammar:
             out["no_grammar"].append({"tool": tool.key, "reason": "; ".join(spec.problems)})
@@ -64,6 +71,9 @@ def args_run(tools, model_name: str = "smollm2-135m", seed: int = 0, log=None) -
         else:
             out["failures"].append({"tool": tool.key, "query": query, "raw": res.raw[:300],
                                     "errors": (res.errors or errors)[:5]})
+        if failures_file is not None and len(out["failures"]) > n_fail:
+            with open(failures_file, "a", encoding="utf-8") as f:  # as they happen: a long run can be inspected live
+                f.write(json.dumps({"index": i, **out["failures"][-1]}) + "\n")
         if log and (i + 1) % 25 == 0:
             log(f"{i + 1}/{len(tools)} tools, {out['valid']} valid, {len(out['failures'])} failures")
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -83,10 +93,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--start", type=int, default=0, help="skip the first N tools (their requests are still drawn)")
+    ap.add_argument("--stop", type=int, default=None, help="stop before tool N")
+    ap.add_argument("--failures", type=Path, default=None, help="append each failure to this JSONL as it happens")
     a = ap.parse_args(argv)
     n = None if a.tools == "all" else int(a.tools)
     tools = sample_tools(n, a.seed)
-    res = args_run(tools, a.model, a.seed, log=lambda m: print(m, file=sys.stderr, flush=True))
+    res = args_run(tools, a.model, a.seed, log=lambda m: print(m, file=sys.stderr, flush=True), start=a.start,
+                   stop=a.stop, failures_file=a.failures)
     summary = {k: (len(v) if isinstance(v, list) else v) for k, v in res.items()}
     print(json.dumps(summary))
     if a.out:

@@ -561,7 +561,7 @@ _BASE_DEPS = {
 
 class _GrammarBuilder:
     def __init__(self, root: Any, name: str, tight: bool = False):
-        self.tight = tight  # the fallback grammar: short arrays, no free-form content
+        self.tight = tight  # the fallback grammar: short arrays, no free-form content, recursion cut
         self.budget = _Budget(MAX_EXPANSION_STEPS)
         self.refs = _Refs(root)
         self.rules: dict[str, str] = {}
@@ -746,13 +746,20 @@ class _GrammarBuilder:
             return self.object(s, hint, depth)
         return self.base("value")
 
+    def _recursing(self, s: Any) -> bool:
+        """s is a $ref to a rule whose body is being built (a recursive schema)."""
+        return (isinstance(s, dict) and isinstance(s.get("$ref"), str)
+                and self.ref_rules.get(s["$ref"]) in self.building)
+
     def array(self, s: dict, hint: str, depth: int) -> str:
         items = s.get("items", {})
         if isinstance(items, list):  # draft-4 tuple form
             items = {"anyOf": items} if items else {}
+        lo = s.get("minItems") if isinstance(s.get("minItems"), int) and not isinstance(s.get("minItems"), bool) else 0
+        if self.tight and lo <= 0 and self._recursing(items):
+            return self.add(hint + "-arr", '"[" "]"')  # the tight grammar cuts recursion (trees of children)
         item = self.expr(items, hint + "-item", depth + 1)
         self.base("ws")
-        lo = s.get("minItems") if isinstance(s.get("minItems"), int) and not isinstance(s.get("minItems"), bool) else 0
         hi = s.get("maxItems") if isinstance(s.get("maxItems"), int) and not isinstance(s.get("maxItems"), bool) else None
         lo = max(0, lo)
         if hi is not None and hi < lo:
@@ -806,6 +813,8 @@ class _GrammarBuilder:
         opt_kv: list[str] = []
         split_pair = _is_plain_string(props.get("owner")) and _is_plain_string(props.get("repo"))
         for k, v, req in ordered:
+            if self.tight and not req and self._recursing(v):
+                continue
             if split_pair and k in ("owner", "repo"):
                 # value constraint: an owner/repo pair holds two path segments, never "owner/name" in one field
                 self.base("char")
@@ -852,8 +861,9 @@ def grammar_of(name: str, schema: Any, tight: bool = False) -> tuple[str, list[s
     """(GBNF text, problems) for a tool's input schema. Raises SchemaError with a one-line reason.
 
     tight=True gives the fallback grammar that arguments generation retries with when a first answer ran out of
-    tokens: arrays of at most TIGHT_ARRAY_MAX_ITEMS items (or minItems), free-form objects empty; the keys stay
-    (forbidding a key the model wants makes a small model fill the current value with junk instead)."""
+    tokens: arrays of at most TIGHT_ARRAY_MAX_ITEMS items (or minItems), free-form objects empty, a recursive
+    $ref reached again inside an array (or an optional key) cut to [] (or left out); the other keys stay (forbidding a
+    key the model wants makes a small model fill the current value with junk instead)."""
     if isinstance(schema, bool):
         schema = {"type": "object"} if schema else {"not": {}}
     if not isinstance(schema, dict):

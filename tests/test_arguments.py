@@ -168,6 +168,24 @@ def test_answer_that_runs_out_of_tokens_is_retried_over_the_tight_grammar(smollm
     assert json.loads(res.raw)["id"] == 42 and len(json.loads(res.raw).get("tags", [])) <= 2, res.raw
 
 
+def test_numbers_are_clamped_onto_their_bounds():
+    from nexus_cli.schema import normalize_schema
+    from nexus_cli.stages.arguments import clamp_numbers
+
+    schema, _ = normalize_schema({"type": "object", "properties": {
+        "percent": {"type": "number", "minimum": 0, "maximum": 1},
+        "n": {"type": "integer", "exclusiveMaximum": 10, "exclusiveMinimum": 0},
+        "ok": {"type": "integer", "minimum": 0},
+        "pts": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number", "minimum": -1}}}},
+        "flag": {"type": "boolean"}}})
+    clamped: list[str] = []
+    out = clamp_numbers({"percent": 100, "n": 10, "ok": 5, "pts": [{"x": -5}, {"x": 3}], "flag": True, "extra": 9},
+                        schema, "", clamped)
+    assert out == {"percent": 1, "n": 9, "ok": 5, "pts": [{"x": -1}, {"x": 3}], "flag": True, "extra": 9}
+    assert sorted(clamped) == ["n: 10 -> 9", "percent: 100 -> 1", "pts[].x: -5 -> -1"]
+    assert clamp_numbers({"n": 0}, schema)["n"] == 1
+
+
 def test_string_bound_follows_the_context():
     from nexus_cli.schema import STRING_MAX_CHARS, with_string_limit
 

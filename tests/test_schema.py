@@ -224,6 +224,20 @@ def test_tight_grammar_has_short_arrays_and_empty_free_form_objects():
     assert Grammar(grammar(tool(s))).accepts(dumps({"path": "a", "edits": [], "meta": {"k": 1}}))
 
 
+def test_tight_grammar_cuts_recursion():
+    from nexus_cli.schema import grammar_of
+
+    node = {"type": "object", "properties": {"name": {"type": "string"},
+                                            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["name"]}
+    s = {"type": "object", "$defs": {"node": node}, "properties": {"root": {"$ref": "#/$defs/node"}}, "required": ["root"]}
+    deep = {"root": {"name": "a", "children": [{"name": "b", "children": [{"name": "c"}]}]}}
+    assert Grammar(grammar(tool(s))).accepts(dumps(deep))
+    g = Grammar(grammar_of("t", s, tight=True)[0])
+    assert g.accepts(dumps({"root": {"name": "a", "children": []}}))
+    assert not g.accepts(dumps({"root": {"name": "a", "children": [{"name": "b"}]}}))
+
+
 def test_non_object_root_and_invalid_schemas_are_reasons_never_crashes():
     bad_inputs = [
         {"type": "string"}, {"type": "array", "items": {}}, [], "x", 3, None, False,

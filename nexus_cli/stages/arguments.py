@@ -12,7 +12,8 @@ Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema)
 String values are bounded by the length of the request + history window (a value longer than its only
 possible source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out
 of tokens before its JSON closes is retried once over the tool's tight grammar (arrays of at most two items,
-free-form objects empty). Post-processing drops optional fields whose values are not supported by the request or the history window (the
+free-form objects empty, recursion cut after one level, strings of at most 64 characters). Numbers outside their
+schema's minimum/maximum (which a grammar cannot express) are clamped onto the bound. Post-processing drops optional fields whose values are not supported by the request or the history window (the
 model's habit of inventing them); required fields are never touched. The result is then validated with jsonschema
 against the ORIGINAL schema the server sent; every violation is reported in `ArgsResult.errors` (valid=False).
 
@@ -23,6 +24,7 @@ stays in the KV cache and is not decoded again.
 from __future__ import annotations
 
 import json
+import math
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ TURN_MAX_CHARS = 400  # one verbatim turn
 PAYLOAD_MIN_CHARS = 160  # a tool message / JSON blob longer than this becomes a surrogate
 SIGNATURE_BUDGET_CHARS = 900
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
+TIGHT_STRING_MAX = 64  # the string bound of the retry over the tight grammar (chars)
 
 SYSTEM = (
     "You fill in the arguments of a tool call as JSON. Copy values exactly as the user wrote them. "
@@ -62,7 +65,7 @@ class ArgsResult:
     errors: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)  # first_token, total
     prompt_tokens: int = 0
-    dropped: list[str] = field(default_factory=list)  # optional fields removed by post-processing
+    dropped: list[str] = field(default_factory=list)  # optional fields removed, numbers clamped by post-processing
     prompt: str = ""
     retried_tight: bool = False  # the first answer ran out of tokens; this one came from the tight grammar
 
@@ -242,6 +245,43 @@ def drop_unsupported(args: dict, spec: ToolSpec, context: str) -> tuple[dict, li
     return out, dropped
 
 
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def clamp_numbers(value: Any, schema: Any, path: str = "", clamped: list[str] | None = None) -> Any:
+    """Numbers outside their schema's minimum/maximum moved onto the bound (integers past an exclusive bound to the
+    nearest integer inside). The grammar fixes a number's type but cannot express ranges; a small model writes
+    "percent": 100 for a 0..1 field. Walks object properties and array items of the normalized schema."""
+    clamped = [] if clamped is None else clamped
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        props = schema["properties"]
+        return {k: clamp_numbers(v, props.get(k), f"{path}{k}.", clamped) if k in props else v for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [clamp_numbers(v, schema["items"], f"{path.rstrip('.')}[].", clamped) for v in value]
+    if not _is_num(value):
+        return value
+    integer = schema.get("type") == "integer" or (isinstance(schema.get("type"), list) and "number" not in schema["type"])
+    new = value
+    hi, lo = schema.get("maximum"), schema.get("minimum")
+    xhi, xlo = schema.get("exclusiveMaximum"), schema.get("exclusiveMinimum")
+    if _is_num(hi) and new > hi:
+        new = hi
+    if _is_num(xhi) and new >= xhi and integer:
+        new = math.ceil(xhi) - 1
+    if _is_num(lo) and new < lo:
+        new = lo
+    if _is_num(xlo) and new <= xlo and integer:
+        new = math.floor(xlo) + 1
+    if integer and isinstance(new, float) and new.is_integer():
+        new = int(new)
+    if new != value:
+        clamped.append(f"{path.rstrip('.')}: {value} -> {new}")
+    return new
+
+
 # ------------------------------------------------------------------------------------------------ generation
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -317,7 +357,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
         tight = _tight_grammar(spec)
         if tight is not None:
             res = ctx.generate(tokens, max_tokens=max_tokens,
-                               grammar=with_string_limit(tight, max(STRING_MIN_BOUND, source_chars + 16)),
+                               grammar=with_string_limit(tight, max(STRING_MIN_BOUND,
+                                                                    min(source_chars + 16, TIGHT_STRING_MAX))),
                                temperature=0.0, seq_id=seq_id, start_pos=0)
             t_total += res.t_total_ms
             retried = True
@@ -337,6 +378,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     if post_process:
         context = " ".join([str(query)] + [m["content"] for m in window])
         args, dropped = drop_unsupported(args, spec, context)
+        clamped: list[str] = []
+        args = clamp_numbers(args, spec.schema, "", clamped)
+        dropped += [f"clamped {c}" for c in clamped]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

@@ -19,7 +19,7 @@ def command(
     oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Run the concatenate-all-schemas oracle where it fits."),
     oracle_ctx: int = typer.Option(8192, "--oracle-ctx", help="Context of the oracle (tokens); larger prompts overflow."),
     oracle_max_queries: int = typer.Option(100, "--oracle-max-queries", help="Oracle on whole groups until this many queries (0: all)."),
-    reranker: str = typer.Option("cross", "--reranker", help="cross (trained once on ALL, shared), llm or none."),
+    reranker: str = typer.Option("none", "--reranker", help="none (the product default), cross (trained once on ALL, shared) or llm."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s)."),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N queries."),
     seed: int = typer.Option(0, "--seed", help="Seed of the distractor draws and the bootstrap."),

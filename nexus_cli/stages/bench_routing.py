@@ -13,8 +13,10 @@ top-3 recall (SLB + BM25 fusion, before any reranking) and the dense SLB alone; 
 time in situ (one ctypes call of the native top-k from Python: FFI included) and natively (timed inside libnexus,
 `kernels.slb_topk_timed`). A decision is correct when (server, tool) is the gold one or one listed as acceptable.
 
-The cross-encoder reranker is trained once, on the ALL registry (registry text only: textgen training queries, SLB
-confusions as negatives, never evaluation data), and shared by every size's index.
+The default is the product's: no reranker (none measurably helps, docs/routing.md). With `--reranker cross` a
+cross-encoder is trained once, on the ALL registry (registry text only: textgen training queries, SLB confusions as
+negatives, never evaluation data), cached, and shared by every size's index; its training log is recorded in the
+results' parameters (a budget that buys only a few steps leaves a random head).
 
 Oracle: every schema of the registry rendered as `nexus compile` renders it, concatenated into the system turn, then
 the query; the LLM answers with a `server/name` constrained by a grammar to the registry's tools (greedy). The
@@ -234,7 +236,7 @@ def run(
     oracle: bool = True,
     oracle_ctx: int = 8192,
     oracle_max_queries: int | None = 100,
-    reranker: str = "cross",
+    reranker: str = "none",
     reranker_budget: float = 300.0,
     max_queries: int | None = None,
     seed: int = 0,
@@ -269,6 +271,8 @@ def run(
     if reranker == "cross":
         full = _full_index_with_reranker(tools, emb, reranker_budget)
         rr_dir = full / "reranker"
+        # how far the shared reranker trained (a budget that buys a few steps leaves a random head: say so)
+        run_.params["reranker_train"] = json.loads((full / "manifest.json").read_text()).get("reranker", {}).get("train")
     plans = {s: plan_registries(qs, tools, s, seed) for s in size_list}
     progress.set_total(sum(len(qs) for _ in size_list))
     orc = Oracle(model, oracle_ctx) if oracle else None

@@ -559,6 +559,159 @@ _BASE_DEPS = {
 }
 
 
+# ------------------------------------------------------------------------------------------------ pattern
+
+PATTERN_REPEAT_MAX = 24  # what * and + on a character become in a pattern's grammar (bounded, like every string)
+PATTERN_GROUP_REPEAT_MAX = 4  # the same on a group: nested repetition multiplies, and a small model loops there
+_SAFE_CLASS = "\\x22\\x5C\\x00-\\x1F"  # never generated from a pattern: '"', '\\' and controls would need JSON escapes
+
+
+class _PatternUnsupported(Exception):
+    pass
+
+
+def _class_char(c: str) -> str:
+    return c if c.isalnum() else f"\\x{ord(c):02X}" if ord(c) < 256 else f"\\u{ord(c):04X}"
+
+
+class _PatternToGbnf:
+    """A JSON Schema `pattern` (ECMA-262 regex) as a GBNF expression for the string's content, for the subset real
+    schemas use: anchored ^...$, literals, escapes \\d \\w \\s, classes with ranges and negation, '.', groups,
+    alternation, quantifiers ? * + {n} {n,} {n,m}. Anything else (lookarounds, backreferences, an unanchored
+    pattern) raises _PatternUnsupported and the string stays plain (validation still reports a mismatch)."""
+
+    def __init__(self, pattern: str, tight: bool = False):
+        if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
+            raise _PatternUnsupported("not anchored")
+        self.src, self.i = pattern[1:-1], 0
+        self.repeat_max = PATTERN_REPEAT_MAX // 2 if tight else PATTERN_REPEAT_MAX
+        self.group_repeat_max = 1 if tight else PATTERN_GROUP_REPEAT_MAX
+
+    def convert(self) -> str:
+        out = self.alternation()
+        if self.i != len(self.src):
+            raise _PatternUnsupported(f"unexpected {self.src[self.i]!r}")
+        return out
+
+    def alternation(self) -> str:
+        alts = [self.sequence()]
+        while self.i < len(self.src) and self.src[self.i] == "|":
+            self.i += 1
+            alts.append(self.sequence())
+        return alts[0] if len(alts) == 1 else "( " + " | ".join(a or '""' for a in alts) + " )"
+
+    def sequence(self) -> str:
+        parts = []
+        while self.i < len(self.src) and self.src[self.i] not in "|)":
+            group = self.src[self.i] == "("
+            atom = self.atom()
+            parts.append(atom + self.quantifier(self.group_repeat_max if group else self.repeat_max))
+        return " ".join(parts)
+
+    def quantifier(self, repeat_max: int) -> str:
+        if self.i >= len(self.src):
+            return ""
+        c = self.src[self.i]
+        q = ""
+        if c in "?*+":
+            self.i += 1
+            q = {"?": "?", "*": f"{{0,{repeat_max}}}", "+": f"{{1,{repeat_max}}}"}[c]
+        elif c == "{":
+            end = self.src.find("}", self.i)
+            body = self.src[self.i + 1 : end] if end > 0 else ""
+            m = re.fullmatch(r"(\d+)(,(\d*))?", body)
+            if not m:
+                raise _PatternUnsupported("bad repetition")
+            lo = int(m.group(1))
+            hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else lo + repeat_max)
+            if hi < lo or hi > 256:
+                raise _PatternUnsupported("repetition too large")
+            self.i = end + 1
+            q = f"{{{lo},{hi}}}"
+        if self.i < len(self.src) and self.src[self.i] == "?" and q:
+            self.i += 1  # lazy: same language
+        return q
+
+    def atom(self) -> str:
+        c = self.src[self.i]
+        if c == "(":
+            self.i += 1
+            if self.src.startswith("?:", self.i):
+                self.i += 2
+            elif self.src.startswith("?", self.i):
+                raise _PatternUnsupported("lookaround or named group")
+            inner = self.alternation()
+            if self.i >= len(self.src) or self.src[self.i] != ")":
+                raise _PatternUnsupported("unclosed group")
+            self.i += 1
+            return f"( {inner} )"
+        if c == "[":
+            return self.char_class()
+        if c == ".":
+            self.i += 1
+            return f"[^{_SAFE_CLASS}]"
+        if c == "\\":
+            return self.escape(in_class=False)
+        if c in "*+?{}^$":
+            raise _PatternUnsupported(f"unexpected {c!r}")
+        self.i += 1
+        if c in '"\\' or ord(c) < 0x20:
+            raise _PatternUnsupported("a character that needs a JSON escape")
+        return gbnf_literal(c)
+
+    def escape(self, in_class: bool) -> str:
+        n = self.src[self.i + 1] if self.i + 1 < len(self.src) else ""
+        self.i += 2
+        classes = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
+        if n in classes:
+            return classes[n] if in_class else f"[{classes[n]}]"
+        if n and not n.isalnum() and n not in '"\\':
+            return _class_char(n) if in_class else gbnf_literal(n)
+        raise _PatternUnsupported(f"escape \\{n}")
+
+    def char_class(self) -> str:
+        self.i += 1
+        negate = self.src.startswith("^", self.i)
+        if negate:
+            self.i += 1
+        items = []
+        first = True
+        while self.i < len(self.src) and (self.src[self.i] != "]" or first):
+            first = False
+            c = self.src[self.i]
+            if c == "\\":
+                items.append(self.escape(in_class=True))
+                continue
+            if c in '"' or ord(c) < 0x20:
+                raise _PatternUnsupported("a character that needs a JSON escape")
+            if self.i + 2 < len(self.src) and self.src[self.i + 1] == "-" and self.src[self.i + 2] != "]":
+                hi = self.src[self.i + 2]
+                if hi == "\\" or hi < c:
+                    raise _PatternUnsupported("range")
+                items.append(f"{_class_char(c)}-{_class_char(hi)}")
+                self.i += 3
+                continue
+            items.append(_class_char(c))
+            self.i += 1
+        if self.i >= len(self.src):
+            raise _PatternUnsupported("unclosed class")
+        self.i += 1
+        body = "".join(items)
+        return f"[^{body}{_SAFE_CLASS}]" if negate else f"[{body}]"
+
+
+def pattern_gbnf(pattern: Any, tight: bool = False) -> str | None:
+    """The GBNF expression of a string with this pattern (quotes included), or None when unsupported. tight: the
+    retry grammar's shorter repetitions (a repeated group at most once)."""
+    if not isinstance(pattern, str) or len(pattern) > 500:
+        return None
+    try:
+        body = _PatternToGbnf(pattern, tight).convert()
+    except (_PatternUnsupported, IndexError):
+        return None
+    return f'"\\"" {body} "\\""' if body else '"\\"" "\\""'
+
+
 class _GrammarBuilder:
     def __init__(self, root: Any, name: str, tight: bool = False):
         self.tight = tight  # the fallback grammar: short arrays, no free-form content, recursion cut
@@ -730,6 +883,11 @@ class _GrammarBuilder:
                 return self.base("uinteger" if nonneg else "integer")
             return self.base("unumber" if nonneg else "number")
         if t == "string":
+            if "pattern" in s:
+                pat = pattern_gbnf(s["pattern"], self.tight)
+                if pat is not None and not any(k in s for k in ("minLength", "maxLength", "format")):
+                    return self.add(hint + "-pat", pat)
+                self._problem("a string pattern the grammar does not enforce (validated after generation)")
             lo = s.get("minLength") if isinstance(s.get("minLength"), int) and not isinstance(s.get("minLength"), bool) else 0
             hi = s.get("maxLength") if isinstance(s.get("maxLength"), int) and not isinstance(s.get("maxLength"), bool) else None
             lo = max(0, min(lo, STRING_MAX_CHARS))

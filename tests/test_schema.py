@@ -484,3 +484,28 @@ def test_regression_r12_deeply_nested_value_is_a_reason_not_an_internal_error():
     spec = compile_tool({"name": "t", "inputSchema": {"type": "object", "properties": {"k": {"const": deep}}}})
     assert not any("internal error" in p for p in spec.problems), spec.problems
     assert not spec.ok and any("nested too deeply" in p for p in spec.problems), spec.problems
+
+
+def test_string_patterns_are_enforced_by_the_grammar():
+    """The subset real schemas use (the 955 tools hold 4 distinct patterns): a whois ASN, label selectors, a set of
+    flag letters. The 955-tool argument run found SmolLM2 writing "1234567890" for ^AS\\d+$ before this."""
+    import re
+
+    from nexus_cli.schema import pattern_gbnf
+
+    cases = {r"^AS\d+$": (["AS1", "AS65000"], ["1234", "AS", "as1"]),
+             r"^[GDZTKOFS]*$": (["", "GDZ"], ["X"]),
+             r"^[.\-A-Za-z0-9]+([=!,]{1,2}[./\-A-Za-z0-9]+)+$": (["app=web", "a!=b,c=d"], ["app", "=x"]),
+             r"^(?:yes|no)-[^ ]?$": (["yes-", "no-x"], ["maybe-", "yes- "])}
+    for pat, (good, bad) in cases.items():
+        g = Grammar(grammar(tool({"type": "object", "properties": {"v": {"type": "string", "pattern": pat}},
+                                  "required": ["v"]})))
+        for x in good:
+            assert re.search(pat, x) and g.accepts(dumps({"v": x})), (pat, x)
+        for x in bad:
+            assert not g.accepts(dumps({"v": x})), (pat, x)
+    # unsupported (unanchored, lookahead, backreference): the string stays plain and the tool says so
+    for pat in ("AS\\d+", "^(?=a)a$", "^(a)\\1$"):
+        assert pattern_gbnf(pat) is None
+        spec = compile_tool(tool({"type": "object", "properties": {"v": {"type": "string", "pattern": pat}}}))
+        assert spec.ok and any("pattern" in p for p in spec.problems)

@@ -133,12 +133,20 @@ def test_build_index_contents(forge_index, forge_tools):
 
 def test_adversarial_pairs_are_nearest_neighbours():
     v = np.eye(4, dtype=np.float32)
-    v[1] = [0.9, 0.1, 0, 0]
+    v[1] = [0.8, 0.6, 0, 0]
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     pairs = index_stage.adversarial_pairs(v)
     assert pairs == [(0, 1)]  # the near-duplicates; the orthogonal tools' "nearest" neighbours are not adversarial
     assert (0, 1) in index_stage.adversarial_pairs(v, closer_fraction=1.0)
     assert len(index_stage.adversarial_pairs(v, closer_fraction=1.0)) > 1
+
+
+def test_adversarial_pairs_leave_out_exact_duplicates():
+    # tools 0 and 1 are the same text (two server generations); 2 and 3 are near-duplicates that a reranker can split
+    v = np.array([[1, 0, 0, 0], [1, 0.001, 0, 0], [0, 0, 1, 0], [0, 0, 0.8, 0.6], [0, 1, 0, 0]], dtype=np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    assert index_stage.adversarial_pairs(v) == [(2, 3)]
+    assert index_stage.adversarial_pairs(v, duplicate_cosine=1.01) == [(0, 1), (2, 3)]
 
 
 def test_rebuild_is_atomic_on_failure(tmp_path, embedder, forge_tools, monkeypatch):

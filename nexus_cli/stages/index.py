@@ -47,6 +47,12 @@ DEFAULT_LEX_WEIGHT = 0.20  # chosen by the ablation in docs/routing.md
 DEFAULT_ADAPTER = False  # fused score = dense + w * bm25 / max(bm25)
 GATE_PERCENTILE = 20.0
 CALIBRATION_SEED = 1234
+# Pairs at least this close are the same tool text (one tool in two server generations): nothing can separate them,
+# so they say nothing about where a reranker helps, and their ~0 margins would drag τ down (all 955: 0.005 → 0.083).
+DUPLICATE_COSINE = 0.99
+# Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
+# exact duplicates.
+BUILD_REVISION = 2
 
 
 # ================================================================================================ SLB file
@@ -393,11 +399,13 @@ def tool_texts(tool, recipe: str) -> list[str]:
     raise NexusError(f"unknown text recipe '{recipe}' (doc, multi)")
 
 
-def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5) -> list[tuple[int, int]]:
+def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5,
+                      duplicate_cosine: float = DUPLICATE_COSINE) -> list[tuple[int, int]]:
     """Near-neighbour tool pairs: each tool with its nearest neighbour (cosine of the main vectors), kept when that
     cosine is in the closer `closer_fraction` of all nearest-neighbour cosines (every tool has *a* nearest neighbour;
-    the adversarial ones are the near-duplicates: list/search/get, per-field updates beside a general write, the
-    same tool in two server generations). Deduplicated as unordered pairs."""
+    the adversarial ones are the near-duplicates: list/search/get, per-field updates beside a general write) and
+    below `duplicate_cosine` (exact duplicates, the same tool in two server generations, are left out).
+    Deduplicated as unordered pairs."""
     n = doc_vecs.shape[0]
     if n < 2:
         return []
@@ -406,7 +414,8 @@ def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5) -> lis
     nn = np.argmax(sims, axis=1)
     nn_cos = sims[np.arange(n), nn]
     cut = np.quantile(nn_cos, 1.0 - closer_fraction) if closer_fraction < 1.0 else -np.inf
-    pairs = sorted({(min(i, int(j)), max(i, int(j))) for i, j in enumerate(nn) if nn_cos[i] >= cut})
+    pairs = sorted({(min(i, int(j)), max(i, int(j))) for i, j in enumerate(nn)
+                    if cut <= nn_cos[i] < duplicate_cosine})
     return pairs
 
 
@@ -460,6 +469,7 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
         "probe_top1_above_tau": float(hits[margins >= tau].mean()) if np.any(margins >= tau) else None,
         "seed": seed,
         "probes_per_tool": probes_per_tool,
+        "duplicate_cosine": DUPLICATE_COSINE,
     }
 
 

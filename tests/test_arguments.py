@@ -192,3 +192,20 @@ def test_string_bound_follows_the_context():
     g = compile_tool(Tool("s", "t", "", {"type": "object", "properties": {"a": {"type": "string"}}})).grammar
     assert f"char{{0,{STRING_MAX_CHARS}}}" in g
     assert "char{0,40}" in with_string_limit(g, 40) and f"char{{0,{STRING_MAX_CHARS}}}" not in with_string_limit(g, 40)
+
+
+def test_restore_path_prefixes_only_when_the_request_holds_that_path():
+    from nexus_cli.stages.arguments import restore_path_prefixes
+
+    ctx = "stage posts/intro.md in /home/ana/code/blog, then diff ./build/out against ~/old/out"
+    notes: list[str] = []
+    out = restore_path_prefixes({"repo_path": "home/ana/code/blog", "file": "posts/intro.md", "n": 3,
+                                 "dirs": ["build/out", "old/out"], "nested": {"p": "home/ana/code/blog"}}, ctx, "", notes)
+    assert out == {"repo_path": "/home/ana/code/blog", "file": "posts/intro.md", "n": 3,
+                   "dirs": ["./build/out", "~/old/out"], "nested": {"p": "/home/ana/code/blog"}}
+    assert len(notes) == 4 and notes[0].startswith("repo_path:")
+    # a suffix of a longer path is not a path the request holds; a string written as is stays; ambiguity stays
+    assert restore_path_prefixes({"p": "code/blog"}, ctx) == {"p": "code/blog"}
+    assert restore_path_prefixes({"r": "acme/api"}, "open acme/api and /acme/api") == {"r": "acme/api"}
+    assert restore_path_prefixes({"p": "srv/app"}, "in ~/srv/app or /srv/app") == {"p": "srv/app"}
+    assert restore_path_prefixes({"p": "/srv/app"}, "in /srv/app") == {"p": "/srv/app"}

@@ -65,7 +65,8 @@ class ArgsResult:
     errors: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)  # first_token, total
     prompt_tokens: int = 0
-    dropped: list[str] = field(default_factory=list)  # optional fields removed, numbers clamped by post-processing
+    dropped: list[str] = field(default_factory=list)  # post-processing: optional fields removed, numbers clamped,
+    #                                                   path prefixes restored
     prompt: str = ""
     retried_tight: bool = False  # the first answer ran out of tokens; this one came from the tight grammar
 
@@ -282,6 +283,31 @@ def clamp_numbers(value: Any, schema: Any, path: str = "", clamped: list[str] | 
     return new
 
 
+_PATH_CHARS = r"\w./~-"
+
+
+def restore_path_prefixes(value: Any, context: str, path: str = "", restored: list[str] | None = None) -> Any:
+    """Strings copied from a path in the request but without its leading "/" ("home/ana/blog" for "/home/ana/blog":
+    Qwen2.5-0.5B drops it) get the prefix back, when the request holds exactly that path (the string as a whole
+    token, preceded by "/", "~/" or "./") and does not hold the string on its own."""
+    restored = [] if restored is None else restored
+    if isinstance(value, dict):
+        return {k: restore_path_prefixes(v, context, f"{path}{k}.", restored) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_path_prefixes(v, context, f"{path.rstrip('.')}[].", restored) for v in value]
+    if not isinstance(value, str) or len(value) < 2 or value[0] in "/~.":
+        return value
+    body = re.escape(value) + rf"(?![{_PATH_CHARS}])"
+    if re.search(rf"(?<![{_PATH_CHARS}]){body}", context):
+        return value  # the request has it as written
+    prefixes = {m.group(1) for m in re.finditer(rf"(?<![{_PATH_CHARS}])(~/|\./|/){body}", context)}
+    if len(prefixes) != 1:
+        return value
+    new = prefixes.pop() + value
+    restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
+    return new
+
+
 # ------------------------------------------------------------------------------------------------ generation
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -381,6 +407,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
         clamped: list[str] = []
         args = clamp_numbers(args, spec.schema, "", clamped)
         dropped += [f"clamped {c}" for c in clamped]
+        restored: list[str] = []
+        args = restore_path_prefixes(args, context, "", restored)
+        dropped += [f"restored {r}" for r in restored]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

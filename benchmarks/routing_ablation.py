@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--reranker-budget", type=float, default=240.0)
     ap.add_argument("--finetune-budget", type=float, default=300.0)
+    ap.add_argument("--modes", nargs="+", choices=["gated", "always"], default=None,
+                    help="rerank modes to run (default: gated, and always when the variant has a reranker)")
     args = ap.parse_args()
     from nexus_cli.adapters.embedder import Embedder
 
@@ -146,10 +148,14 @@ def main() -> int:
             index = load_index(idx_dir)
             lws = args.lex_weights if "lex" in variant else [0.0]
             for lw in lws:
-                reranker = "cross" if train else ("llm" if "llm" in variant else "none")
+                parts = variant.split("+")
+                reranker = ("cross" if train else "llm" if "llm" in parts else
+                            "likelihood" if "ql" in parts else "none")
                 router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker),
                                 embedder=None if ft else emb)
                 modes = [("gated", None)] + ([("always", True)] if reranker != "none" else [])
+                if args.modes:
+                    modes = [m for m in modes if m[0] in args.modes]
                 for mode, rr in modes:
                     res = evaluate(router, rows, rr)
                     res.update({"set": set_name, "variant": variant, "lex_weight": lw, "rerank_mode": mode,

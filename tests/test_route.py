@@ -225,3 +225,50 @@ def test_llm_reranker_is_constrained_to_the_candidates(forge_dir):
     assert rr.choose("merge pull request 12 in acme/api", cands) == j
     scores = rr.score("merge pull request 12 in acme/api", cands, [0.5, 0.4, 0.3, 0.2])
     assert int(np.argmax(scores)) == j
+
+
+def test_rrf_fuse_ranks_by_both_lists():
+    from nexus_cli.stages.rerank import rrf_fuse
+
+    fused = rrf_fuse([0.9, 0.8, 0.1], [-5.0, -1.0, -0.5], k=1)
+    assert fused == pytest.approx([1 / 2 + 1 / 4, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2])
+    # the second list can overturn the first: candidate 1 is second by retrieval but first by likelihood by far
+    fused = rrf_fuse([0.9, 0.8, 0.7, 0.6], [-4.0, -0.5, -3.0, -2.0], k=1)
+    assert int(np.argmax(fused)) == 1 and fused[0] < fused[1]
+    # ties keep the candidates' order (stable ranks)
+    assert rrf_fuse([1.0, 1.0], [0.0, 0.0], k=60)[0] > rrf_fuse([1.0, 1.0], [0.0, 0.0], k=60)[1]
+
+
+@pytest.mark.slow
+def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
+    """Query likelihood with the real SmolLM2: the cached prefix state gives the same score as a fresh decode of the
+    whole text, and a request in a tool's own terms is most probable under that tool."""
+    from nexus_cli.adapters.llama import LlamaContext, LlamaModel, log_softmax
+    from nexus_cli.stages.rerank import LikelihoodReranker
+
+    idx = index_stage.load_index(forge_dir)
+    by_name = {t.name: t for t in idx.tools}
+    cands = [by_name[n] for n in ("merge_pull_request", "list_issues", "create_branch", "get_user")]
+    ctx = LlamaContext(LlamaModel("smollm2-135m"), n_ctx=1024)
+    rr = LikelihoodReranker(ctx, cache_size=2)
+    query = "merge pull request 12 in acme/api"
+    lls = [rr.log_likelihood(query, e) for e in cands]
+    assert all(np.isfinite(lls)) and all(x < 0 for x in lls)
+    assert int(np.argmax(lls)) == 0, lls
+    assert len(rr._prefix) == 2  # the LRU is bounded
+
+    # reference: decode prefix + request in one go on a fresh sequence, average the request tokens' log-probs
+    e = cands[0]
+    prefix = ctx.tokenize(rr.prefix_text(e), add_special=False, parse_special=False)
+    q = ctx.tokenize(" " + query, add_special=False, parse_special=False)
+    ctx.seq_rm(3)
+    ctx.decode(prefix + q, 0, seq_id=3, logits_all=True)
+    n = len(prefix + q)
+    ref = np.mean([log_softmax(ctx.logits(n - len(q) - 1 + i))[t] for i, t in enumerate(q)])
+    ctx.seq_rm(3)
+    cached_again = rr.log_likelihood(query, e)  # evicted by the LRU and rebuilt, or still cached
+    assert cached_again == pytest.approx(lls[0], abs=1e-3)
+    assert lls[0] == pytest.approx(ref, abs=2e-2)
+
+    scores = rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
+    assert len(scores) == len(cands) and int(np.argmax(scores)) in (0, 1)

@@ -483,6 +483,67 @@ class LlamaContext:
                     + (": no KV slot (context full)" if rc == 1 else "")
                 )
 
+    def continuation_logprobs(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[list[float]]:
+        """Score continuations of several sequences at once. Each item is (tokens, start_pos, seq_id): the tokens are
+        decoded at start_pos.. of that sequence (which must already hold positions < start_pos), and the result for
+        the item is log p(tokens[i + 1] | everything before) for each i < len(tokens) - 1, in nats.
+
+        Items are packed into as few llama_decode calls as n_batch allows (an item is never split): one call over
+        many short continuations runs the weights once instead of once per item."""
+        L = _lib()
+        out: list[list[float]] = [[] for _ in items]
+        b = self._batch
+        i = 0
+        while i < len(items):
+            group, m = [], 0
+            while i < len(items) and (not group or m + len(items[i][0]) <= self.n_batch):
+                toks, start, seq = items[i]
+                if len(toks) > self.n_batch:
+                    raise ModelError(f"continuation of {len(toks)} tokens exceeds n_batch {self.n_batch}")
+                if not (0 <= seq < self.n_seq_max):
+                    raise ModelError(f"sequence id {seq} out of range (n_seq_max = {self.n_seq_max})")
+                if start + len(toks) > self.n_ctx:
+                    raise ModelError(f"context full: {start + len(toks)} positions > n_ctx {self.n_ctx}")
+                group.append((i, m))
+                m += len(toks)
+                i += 1
+            for j, off in group:
+                toks, start, seq = items[j]
+                for k, t in enumerate(toks):
+                    b.token[off + k] = int(t)
+                    b.pos[off + k] = start + k
+                    b.n_seq_id[off + k] = 1
+                    b.seq_id[off + k][0] = seq
+                    b.logits[off + k] = 1 if k < len(toks) - 1 else 0
+            b.n_tokens = m
+            if m == 0:
+                continue
+            rc = L.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise ModelError(f"llama_decode failed ({rc}) scoring {len(group)} continuations"
+                                 + (": no KV slot (context full)" if rc == 1 else ""))
+            for j, off in group:
+                toks = items[j][0]
+                n = len(toks) - 1
+                if n <= 0:
+                    continue
+                first = L.llama_get_logits_ith(self._ctx, off)
+                last = L.llama_get_logits_ith(self._ctx, off + n - 1)
+                if not first or not last:
+                    raise ModelError("llama.cpp returned no logits for a scored continuation")
+                row_bytes = self._n_vocab * ctypes.sizeof(ctypes.c_float)
+                if ctypes.addressof(last.contents) - ctypes.addressof(first.contents) == (n - 1) * row_bytes:
+                    rows = np.ctypeslib.as_array(first, shape=(n, self._n_vocab))  # one item's outputs, in order
+                else:  # not laid out contiguously: gather the rows one by one
+                    rows = np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, off + k),
+                                                           shape=(self._n_vocab,)) for k in range(n)])
+                # float32 log-sum-exp per row: the vocabulary is large (150k for Qwen), float64 would triple the cost
+                mx = rows.max(axis=1)
+                lse = mx + np.log(np.exp(rows - mx[:, None]).sum(axis=1))
+                tgt = rows[np.arange(n), np.asarray(toks[1:], dtype=np.int64)]
+                out[j] = [float(x) for x in (tgt - lse)]
+        return out
+
     def logits(self, idx: int = -1) -> np.ndarray:
         """A float32 copy of the logits of output `idx` of the last decode (-1: the last output)."""
         L = _lib()

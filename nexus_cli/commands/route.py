@@ -60,10 +60,10 @@ def route_command(
     registry: Optional[List[str]] = typer.Option(None, "--registry", help="Registry files/dirs to take schemas from (must match the index)."),
     history: Optional[str] = typer.Option(None, "--history", help="JSON file: list of {role, content} earlier turns."),
     no_args: bool = typer.Option(False, "--no-args", help="Stop after routing (no argument generation)."),
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM for arguments (and the llm reranker)."),
+    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM for arguments (and the llm / likelihood rerankers)."),
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
-    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any), cross, llm, none."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any, else likelihood), likelihood (LLM query likelihood), cross, llm, none."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     # --- serving (owner: serving engineer; stages/session.py) ---
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),

@@ -13,7 +13,8 @@ top-3 recall (SLB + BM25 fusion, before any reranking) and the dense SLB alone; 
 time in situ (one ctypes call of the native top-k from Python: FFI included) and natively (timed inside libnexus,
 `kernels.slb_topk_timed`). A decision is correct when (server, tool) is the gold one or one listed as acceptable.
 
-The default is the product's: no reranker (none measurably helps, docs/routing.md). With `--reranker cross` a
+The default is the product's: the likelihood reranker on escalation (the LLM's query likelihood fused with the
+retriever's ranks, docs/routing.md); `--reranker none` measures the retriever and gate alone. With `--reranker cross` a
 cross-encoder is trained once, on the ALL registry (registry text only: textgen training queries, SLB confusions as
 negatives, never evaluation data), cached, and shared by every size's index; its training log is recorded in the
 results' parameters (a budget that buys only a few steps leaves a random head).
@@ -119,10 +120,10 @@ def plan_registries(queries: list[dict], tools: list, size: int | None, seed: in
 
 
 def _index_for(tools, embedder, reranker_dir: Path | None) -> Path:
-    from .index import build_index
+    from .index import BUILD_REVISION, build_index
 
     h = hashlib.sha256("\n".join(sorted(t.content_hash() for t in tools)).encode()).hexdigest()[:16]
-    path = CACHE / f"idx-{len(tools)}-{h}"
+    path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
         build_index(tools, path, embedder=embedder)
     if reranker_dir is not None and not (path / "reranker" / "config.json").is_file():
@@ -236,7 +237,7 @@ def run(
     oracle: bool = True,
     oracle_ctx: int = 8192,
     oracle_max_queries: int | None = 100,
-    reranker: str = "none",
+    reranker: str = "likelihood",
     reranker_budget: float = 300.0,
     max_queries: int | None = None,
     seed: int = 0,
@@ -277,6 +278,7 @@ def run(
     progress.set_total(sum(len(qs) for _ in size_list))
     orc = Oracle(model, oracle_ctx) if oracle else None
     rows, samples = [], {}
+    shared_llm = None
     try:
         for size in size_list:
             label = "ALL" if size is None else str(size)
@@ -291,7 +293,9 @@ def run(
                 oracle_fits = max(oracle_tokens) + 64 <= oracle_ctx
             for gi, (qi, reg) in enumerate(plans[size]):
                 ipath = _index_for(reg, emb, rr_dir)
-                router = Router(ipath, RouterConfig(reranker="cross" if rr_dir else reranker, model=model), embedder=emb)
+                router = Router(ipath, RouterConfig(reranker="cross" if rr_dir else reranker, model=model), embedder=emb,
+                                llm=shared_llm)
+                shared_llm = router._llm  # one LLM context for every size and group (loaded once)
                 taus.append(router.tau)
                 fires_calib.append(router.index.manifest["gate"].get("fire_rate"))
                 reg_sizes.append(len(reg))
@@ -300,8 +304,15 @@ def run(
                     q = qs[i]
                     gold = gold_keys(q)
                     r_gate = router.route(q["query"], q.get("history"), with_args=False)
-                    r_off = router.route(q["query"], q.get("history"), with_args=False, rerank=False)
-                    r_on = router.route(q["query"], q.get("history"), with_args=False, rerank=True) if rr_dir or reranker != "none" else r_off
+                    # rerankers are deterministic: the gated decision already is the forced one on its side of τ
+                    reranking = router.reranker_name != "none"
+                    if r_gate.gate["escalated"] and reranking:
+                        r_on = r_gate
+                        r_off = router.route(q["query"], q.get("history"), with_args=False, rerank=False)
+                    else:
+                        r_off = r_gate
+                        r_on = (router.route(q["query"], q.get("history"), with_args=False, rerank=True)
+                                if reranking else r_off)
                     scores, tm = router.retrieve(q["query"], q.get("history"))
                     order = np.argsort(-scores, kind="stable")[:3]
                     qvec = router.embedder.encode_one(q["query"])

@@ -6,6 +6,8 @@
 * `LLMReranker`: the local LLM (Qwen2.5 0.5B) reads the request and the top-k candidates (name + signature + first
   description sentence) and answers with one candidate name; decoding is constrained token by token to the native
   tool-name trie (kernels.Trie), so it can only emit a candidate.
+* `LikelihoodReranker`: the local LLM scores the request's tokens as a continuation of each candidate's description
+  (query likelihood, nothing trained), fused with the retriever's order by reciprocal ranks.
 
 Training data never comes from evaluation files: queries are textgen.training_queries(tool) (name, description,
 parameters, synthetic argument values), seeded.
@@ -174,6 +176,103 @@ class LLMReranker:
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
         j = self.choose(query, entries)
         return [float(b) + (1.0 if i == j else -1.0) for i, b in enumerate(base_scores)]
+
+
+class LikelihoodReranker:
+    """Query likelihood: how probable the LLM finds the request as a continuation of each candidate's description.
+
+    Each candidate is read as `Tool: <readable name> (<name>), server <server>` + `Description: <first 40 words>` +
+    `A user request this tool handles:`, and the request's tokens are scored under it (mean log-probability per
+    token). The LLM judges every candidate on its own, so "close it as not planned" can match "update issue state
+    (open/closed, state_reason …)" with no shared word: the knowledge the embedder lacks. The final order fuses the
+    retriever's rank and the likelihood rank by reciprocal-rank fusion (k = RRF_K, the literature's default, fixed a
+    priori: neither signal alone is trusted over the other).
+
+    Cost: a candidate's description prefix is decoded once and its KV state kept (an LRU of `cache_size` tools), so
+    a reranked decision decodes only the request's tokens once per candidate, all candidates in one batch. It uses
+    sequences SEQ and up (sequence 0 keeps argument generation's warm prefix)."""
+
+    name = "likelihood"
+    SEQ = 2  # sequence 0: argument generation's warm prefix; 1: the llm reranker
+    RRF_K = 60
+    DESC_WORDS = 40
+    MAX_QUERY_TOKENS = 128  # a longer request is scored on its start (the cost grows with its length × candidates)
+
+    def __init__(self, ctx, cache_size: int = 256):
+        self.ctx = ctx
+        self.cache_size = cache_size
+        self._prefix: dict[tuple[str, str], tuple[bytes, int, int]] = {}
+
+    def prefix_text(self, entry) -> str:
+        desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)
+        return (f"Tool: {textgen.readable_name(entry.name)} ({entry.name}), server {entry.server}\n"
+                f"Description: {desc}\nA user request this tool handles:")
+
+    def _cached_prefix(self, entry) -> tuple[bytes, int, int]:
+        """(KV state of the prefix minus its last token, that last token, its position)."""
+        key = (entry.server, entry.name)
+        hit = self._prefix.pop(key, None)
+        if hit is None:
+            toks = self.ctx.tokenize(self.prefix_text(entry), add_special=False, parse_special=False)
+            seq = self.SEQ
+            self.ctx.seq_rm(seq)
+            if len(toks) > 1:
+                self.ctx.decode(toks[:-1], 0, seq_id=seq, logits_last=False)
+                blob = self.ctx.state_seq_get(seq)
+                self.ctx.seq_rm(seq)
+            else:
+                blob = b""
+            hit = (blob, toks[-1], len(toks) - 1)
+            while len(self._prefix) >= self.cache_size:
+                self._prefix.pop(next(iter(self._prefix)))
+        self._prefix[key] = hit  # most recently used last
+        return hit
+
+    def log_likelihood(self, query: str, entry) -> float:
+        """Mean log-probability (nats per token) of the request's tokens after one candidate's prefix."""
+        return self.log_likelihoods(query, [entry])[0]
+
+    def log_likelihoods(self, query: str, entries: Sequence) -> list[float]:
+        """Mean log-probability of the request after each candidate's prefix. The candidates' prefix states are
+        restored into sequences SEQ, SEQ+1, … (as many as the context allows) and their continuations scored in one
+        batch, so the weights run once per group rather than once per candidate."""
+        q = self.ctx.tokenize(" " + " ".join(query.split()), add_special=False, parse_special=False)
+        q = q[: self.MAX_QUERY_TOKENS] or self.ctx.tokenize(" .", add_special=False, parse_special=False)
+        width = max(1, self.ctx.n_seq_max - self.SEQ)
+        out: list[float] = []
+        for g0 in range(0, len(entries), width):
+            group = entries[g0:g0 + width]
+            prefixes = [self._cached_prefix(e) for e in group]
+            items = []
+            for k, (blob, last_tok, pos) in enumerate(prefixes):
+                seq = self.SEQ + k
+                self.ctx.seq_rm(seq)
+                if blob:
+                    self.ctx.state_seq_set(blob, seq)
+                # the prefix's last token is decoded again so its logits (which predict the request's first token)
+                # are produced here rather than stored (a vocabulary-sized vector per tool)
+                items.append(([last_tok] + q, pos, seq))
+            try:
+                lps = self.ctx.continuation_logprobs(items)
+            finally:
+                for k in range(len(group)):
+                    self.ctx.seq_rm(self.SEQ + k)
+            out += [sum(lp) / len(lp) for lp in lps]
+        return out
+
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
+        return rrf_fuse(base_scores, self.log_likelihoods(query, entries), self.RRF_K)
+
+
+def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[float]:
+    """Reciprocal-rank fusion of two score lists over the same candidates: Σ 1 / (k + rank), ranks from 1; ties keep
+    the candidates' order."""
+    out = [0.0] * len(first)
+    for scores in (first, second):
+        order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+        for rank, j in enumerate(order, start=1):
+            out[int(j)] += 1.0 / (k + rank)
+    return out
 
 
 def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,

@@ -18,7 +18,7 @@ from ..errors import ModelError, NexusError
 from . import textgen
 from .index import Index, dense_tool_scores, fuse, load_index
 
-RERANKERS = ("auto", "none", "cross", "llm")
+RERANKERS = ("auto", "none", "cross", "llm", "likelihood")
 HISTORY_WEIGHT = 0.5
 HISTORY_TURNS = 2  # the most recent messages that inform routing
 HISTORY_CHARS = 300
@@ -79,7 +79,7 @@ class RouteResult:
 class RouterConfig:
     top_k: int = 5  # candidates reported
     rerank_k: int = 10  # candidates the reranker sees
-    reranker: str = "auto"  # auto: the index's trained cross-encoder if it has one, else none
+    reranker: str = "auto"  # auto: the index's trained cross-encoder if it has one, else likelihood
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
     model: str = "qwen2.5-0.5b"  # LLM for arguments (and the llm reranker)
@@ -92,7 +92,9 @@ class Router:
     """Route queries over one index. Thread-compatible, not thread-safe (one Router per thread)."""
 
     def __init__(self, index: str | Path | Index, config: RouterConfig | None = None, embedder=None,
-                 registry: Sequence[str] | None = None):
+                 registry: Sequence[str] | None = None, llm=None):
+        """llm: an existing LlamaContext of config.model to share (benchmarks that build many routers); else one is
+        created on first use."""
         self.config = config or RouterConfig()
         if self.config.reranker not in RERANKERS:
             raise NexusError(f"unknown reranker '{self.config.reranker}' ({', '.join(RERANKERS)})")
@@ -106,7 +108,7 @@ class Router:
         self.embedder = embedder
         self._reranker = None
         self._reranker_name = self._pick_reranker()
-        self._llm = None
+        self._llm = llm
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._warm()
 
@@ -115,8 +117,8 @@ class Router:
     def _pick_reranker(self) -> str:
         r = self.config.reranker
         has_ce = (self.index.path / "reranker" / "config.json").is_file()
-        if r == "auto":
-            return "cross" if has_ce else "none"
+        if r == "auto":  # the index's own trained cross-encoder if it has one, else the measured best (docs/routing.md)
+            return "cross" if has_ce else "likelihood"
         if r == "cross" and not has_ce:
             raise NexusError(f"index {self.index.path} has no trained reranker",
                              hint="rebuild it with `nexus index ... --train-reranker` or pass --reranker none")
@@ -145,6 +147,8 @@ class Router:
 
             if self._reranker_name == "cross":
                 self._reranker = rerank.CrossReranker(self.index.path / "reranker", threads=self.config.threads)
+            elif self._reranker_name == "likelihood":
+                self._reranker = rerank.LikelihoodReranker(self.llm())
             else:
                 self._reranker = rerank.LLMReranker(self.llm(), self.index)
         return self._reranker
@@ -153,8 +157,11 @@ class Router:
         if self._llm is None:
             from ..adapters.llama import LlamaContext, LlamaModel
 
+            from .rerank import LikelihoodReranker
+
             model = LlamaModel(self.config.model)
-            self._llm = LlamaContext(model, n_ctx=2048)
+            # sequence 0: arguments; 1: the llm reranker; 2..: the likelihood reranker's candidates, scored together
+            self._llm = LlamaContext(model, n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.config.rerank_k)
         return self._llm
 
     @property

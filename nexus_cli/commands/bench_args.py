@@ -18,7 +18,7 @@ def command(
     trials: int = typer.Option(3, "--trials", min=1, help="Latency repetitions per case and path."),
     max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s), if not cached."),
-    reranker: str = typer.Option("none", "--reranker", help="none (the product default: no reranker measurably helps, docs/routing.md) or cross (trained once on the pool, cached)."),
+    reranker: str = typer.Option("likelihood", "--reranker", help="likelihood (the product default: LLM query likelihood on escalation, docs/routing.md), none, or cross (trained once on the pool, cached)."),
     pool: str = typer.Option("all", "--pool", help="Registry to route over: all, core, or cases (only the cases' gold tools)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
     quick: bool = typer.Option(False, "--quick", help="CI smoke run: first 6 cases, 1 trial."),

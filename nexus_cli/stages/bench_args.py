@@ -2,8 +2,9 @@
 compressed signature, compare with the gold arguments; time the first argument token of the signature path against
 re-prefilling the full schema.
 
-Routing: the Router over the ALL pool as `nexus route` runs it by default (no reranker: none measurably helps, see
-docs/routing.md; `--reranker cross` uses the shared reranker of `bench routing`). A case routes correctly
+Routing: the Router over the ALL pool as `nexus route` runs it by default (the likelihood reranker on escalation, see
+docs/routing.md; `--reranker none` for the retriever alone, `--reranker cross` uses the shared reranker of `bench
+routing`). A case routes correctly
 when (server, tool) is its gold tool or an acceptable alternative.
 Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained). Each gold
 argument is "specified"; it is correct when the generated value equals the gold value (numbers numerically,
@@ -108,7 +109,7 @@ def run(
     trials: int = 3,
     max_cases: int | None = None,
     reranker_budget: float = 300.0,
-    reranker: str = "none",
+    reranker: str = "likelihood",
     pool: str = "all",
     seed: int = 0,
     n_boot: int = 2000,

@@ -272,3 +272,17 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
 
     scores = rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
     assert len(scores) == len(cands) and int(np.argmax(scores)) in (0, 1)
+
+
+@pytest.mark.slow
+def test_auto_reranker_is_the_likelihood_reranker(forge_dir, embedder):
+    """Without a trained cross-encoder in the index, `auto` escalates to the LLM's query likelihood (the measured best)."""
+    r = Router(forge_dir, RouterConfig(model="smollm2-135m", rerank_k=6), embedder=embedder)
+    assert r.reranker_name == "likelihood"
+    plain = r.route("merge pull request 57 in acme/api", with_args=False, rerank=False)
+    res = r.route("merge pull request 57 in acme/api", with_args=False, rerank=True)
+    assert res.reranker == "likelihood" and res.timings_ms["rerank"] > 0
+    top6 = {c.tool for c in Router(forge_dir, RouterConfig(reranker="none", top_k=6), embedder=embedder)
+            .route("merge pull request 57 in acme/api", with_args=False).candidates}
+    assert res.tool in top6  # the reranker reorders the retriever's candidates, it does not invent tools
+    assert plain.reranker is None

@@ -441,6 +441,13 @@ class LlamaContext:
         return self.model.detokenize(tokens, special)
 
     # -- decoding
+    def _check_span(self, seq_id: int, start_pos: int, n: int) -> None:
+        """Refuse a sequence id or a position range this context cannot hold, before llama.cpp sees it."""
+        if not (0 <= seq_id < self.n_seq_max):
+            raise ModelError(f"sequence id {seq_id} out of range (n_seq_max = {self.n_seq_max})")
+        if start_pos + n > self.n_ctx:
+            raise ModelError(f"context full: {start_pos + n} positions > n_ctx {self.n_ctx}")
+
     def decode(
         self,
         tokens: Sequence[int],
@@ -459,10 +466,7 @@ class LlamaContext:
         n = int(toks.shape[0])
         if n == 0:
             return
-        if not (0 <= seq_id < self.n_seq_max):
-            raise ModelError(f"sequence id {seq_id} out of range (n_seq_max = {self.n_seq_max})")
-        if start_pos + n > self.n_ctx:
-            raise ModelError(f"context full: {start_pos + n} positions > n_ctx {self.n_ctx}")
+        self._check_span(seq_id, start_pos, n)
         b = self._batch
         for c0 in range(0, n, self.n_batch):
             c1 = min(n, c0 + self.n_batch)
@@ -500,10 +504,7 @@ class LlamaContext:
                 toks, start, seq = items[i]
                 if len(toks) > self.n_batch:
                     raise ModelError(f"continuation of {len(toks)} tokens exceeds n_batch {self.n_batch}")
-                if not (0 <= seq < self.n_seq_max):
-                    raise ModelError(f"sequence id {seq} out of range (n_seq_max = {self.n_seq_max})")
-                if start + len(toks) > self.n_ctx:
-                    raise ModelError(f"context full: {start + len(toks)} positions > n_ctx {self.n_ctx}")
+                self._check_span(seq, start, len(toks))
                 group.append((i, m))
                 m += len(toks)
                 i += 1

@@ -209,3 +209,64 @@ def test_restore_path_prefixes_only_when_the_request_holds_that_path():
     assert restore_path_prefixes({"r": "acme/api"}, "open acme/api and /acme/api") == {"r": "acme/api"}
     assert restore_path_prefixes({"p": "srv/app"}, "in ~/srv/app or /srv/app") == {"p": "srv/app"}
     assert restore_path_prefixes({"p": "/srv/app"}, "in /srv/app") == {"p": "/srv/app"}
+
+
+def test_split_repository_sets_the_repo_the_request_names():
+    from nexus_cli.stages.arguments import repository_refs, split_repository
+
+    assert repository_refs("PRs of github.com/Shopify/liquid and https://github.com/acme/api/pull/512, acme/web#3") == [
+        ("Shopify", "liquid"), ("acme", "api"), ("acme", "web")]
+    schema = {"properties": {"owner": {}, "repo": {}, "path": {}}}
+    notes: list[str] = []
+    # the owner repeated as the repo, a neighbouring path taken as the repo, "owner/name" whole in owner
+    assert split_repository({"owner": "kestrel-labs", "repo": "kestrel-labs"}, schema,
+                            "cancel run 77123 in kestrel-labs/kestrel", notes)["repo"] == "kestrel"
+    assert split_repository({"owner": "facebook", "repo": "react-dom"}, schema,
+                            "tree of facebook/react under packages/react-dom", notes)["repo"] == "react"
+    assert split_repository({"owner": "acme/api"}, schema, "star acme/api", notes) == {"owner": "acme", "repo": "api"}
+    assert len(notes) == 3
+    # two repositories of that owner, an owner the request does not write as owner/name, or no repo parameter:
+    # the answer stays
+    for args, ctx in [({"owner": "acme", "repo": "api"}, "fork acme/api into acme/api2"),
+                      ({"owner": "acme", "repo": "web"}, "open web of acme; see other/api"),
+                      ({"owner": "acme", "repo": "api"}, "in acme/api")]:
+        assert split_repository(args, schema, ctx) == args
+    assert split_repository({"owner": "acme", "name": "x"}, {"properties": {"owner": {}, "name": {}}},
+                            "acme/api") == {"owner": "acme", "name": "x"}
+
+
+def test_convert_units_only_when_the_field_states_a_unit_the_request_does_not_use():
+    from nexus_cli.stages.arguments import convert_units, field_unit
+
+    assert field_unit("lookbackSeconds", {}) == ("time", 1)
+    assert field_unit("timeout_ms", {}) == ("time", 0.001)
+    assert field_unit("radius", {"description": "Search radius in meters (max 50000)"}) == ("length", 1)
+    assert field_unit("limit", {"description": "Maximum number of traces"}) is None
+    schema = {"properties": {"lookbackSeconds": {"type": "integer"}, "limit": {"type": "integer"},
+                             "radius": {"type": "number", "description": "Search radius in meters"}}}
+    notes: list[str] = []
+    out = convert_units({"lookbackSeconds": 10, "limit": 20, "radius": 1.5}, schema,
+                        "traces over the last 10 minutes, max 20, within 1.5 km", notes)
+    assert out == {"lookbackSeconds": 600, "limit": 20, "radius": 1500} and len(notes) == 2
+    # already in the field's unit, the number written twice, or a non-integral result for an integer field: kept
+    assert convert_units({"lookbackSeconds": 600}, schema, "the last 600 seconds") == {"lookbackSeconds": 600}
+    assert convert_units({"lookbackSeconds": 10}, schema, "10 minutes or 10 hours") == {"lookbackSeconds": 10}
+    assert convert_units({"lookbackSeconds": 1}, schema, "1 ms") == {"lookbackSeconds": 1}
+
+
+def test_enum_members_backed_by_a_stem_of_the_request():
+    from nexus_cli.stages.arguments import enum_supported
+
+    spec = compile_tool(Tool(server="t", name="list_notifications", description="", input_schema={
+        "type": "object", "properties": {
+            "filter": {"type": "string", "enum": ["default", "include_read_notifications", "only_participating"]},
+            "mode": {"type": "string", "enum": ["driving", "walking", "bicycling"]},
+            "sort": {"type": "string"}}}))
+    ctx = "notifications where I'm directly participating, cycling there"
+    args, dropped = drop_unsupported({"filter": "only_participating", "mode": "bicycling", "sort": "cycles"},
+                                     spec, ctx)
+    assert args == {"filter": "only_participating", "mode": "bicycling"} and dropped == ["sort"]  # not an enum field
+    # the tool's own name backs nothing; short words need an exact match
+    args, dropped = drop_unsupported({"filter": "include_read_notifications"}, spec, ctx)
+    assert args == {} and dropped == ["filter"]
+    assert not enum_supported("desc", "with a description") and enum_supported("desc", "sort desc")

@@ -198,10 +198,36 @@ def _words(name: str) -> list[str]:
     return [w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if len(w) >= 3]
 
 
-def supported(value: Any, context: str, name: str = "") -> bool:
-    """Is an optional field's value backed by the request/history text (`context`, already normalized)?"""
+def _related(a: str, b: str) -> bool:
+    """Two lower-case words share a stem: equal, one contains the other (both ≥ 5 letters), or a common first five
+    letters ("updated"/"update", "cycling"/"bicycling", "participating"/"participants")."""
+    if a == b:
+        return True
+    if len(a) < 5 or len(b) < 5:
+        return False
+    return a in b or b in a or a[:5] == b[:5]
+
+
+def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
+    """An enum member the model chose is backed by the request when one of its words (split at _, -, camelCase; ≥ 4
+    letters) shares a stem with a word of the request: "cycling" backs "bicycling", "directly participating" backs
+    "only_participating". The members are the schema's own words, so a stem match is evidence the request asked
+    for it; an exact-string check would drop every paraphrased choice. Words of the tool's own name (`topic`) back
+    nothing: "notifications" in a request to list_notifications says nothing about "include_read_notifications"."""
+    ctx_words = set(re.findall(r"[a-z0-9]+", context))
+    return any(_related(w, c) for w in _words(value) if len(w) >= 4 and not any(_related(w, t) for t in topic)
+               for c in ctx_words if len(c) >= 4)
+
+
+def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | None = None,
+              topic: Sequence[str] = ()) -> bool:
+    """Is an optional field's value backed by the request/history text (`context`, already normalized)? `enum`: the
+    field's allowed values, when the schema lists them (a member is then also backed by a stem match, `topic`: the
+    tool name's words, which back no member)."""
     if value is None:
         return False
+    if enum and isinstance(value, str) and value in enum and enum_supported(value, context, topic):
+        return True
     if isinstance(value, bool):
         return any(w in context for w in _words(name))
     if isinstance(value, (int, float)):
@@ -218,7 +244,7 @@ def supported(value: Any, context: str, name: str = "") -> bool:
     return False
 
 
-def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str]) -> dict:
+def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], topic: Sequence[str] = ()) -> dict:
     schema = schema if isinstance(schema, dict) else {}
     req = schema.get("required", [])
     req = set(req) if isinstance(req, list) else set()
@@ -227,11 +253,12 @@ def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str]) -
     for k, v in args.items():
         sub = props.get(k)
         if isinstance(v, dict) and isinstance(sub, dict) and isinstance(sub.get("properties"), dict):
-            v = _prune(v, sub, ctx, f"{prefix}{k}.", dropped)  # nested object: its optional keys too
+            v = _prune(v, sub, ctx, f"{prefix}{k}.", dropped, topic)  # nested object: its optional keys too
             if not v and k not in req:
                 dropped.append(prefix + k)
                 continue
-        if k in req or supported(v, ctx, k):
+        enum = sub.get("enum") if isinstance(sub, dict) and isinstance(sub.get("enum"), list) else None
+        if k in req or supported(v, ctx, k, enum, topic):
             out[k] = v
         else:
             dropped.append(prefix + k)
@@ -242,7 +269,7 @@ def drop_unsupported(args: dict, spec: ToolSpec, context: str) -> tuple[dict, li
     """Remove optional fields (also inside nested objects) whose value the context does not support.
     Required fields are always kept. Returns (args, dropped field paths)."""
     dropped: list[str] = []
-    out = _prune(args, spec.schema, _norm_text(context), "", dropped)
+    out = _prune(args, spec.schema, _norm_text(context), "", dropped, _words(spec.name))
     return out, dropped
 
 
@@ -306,6 +333,131 @@ def restore_path_prefixes(value: Any, context: str, path: str = "", restored: li
     new = prefixes.pop() + value
     restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
     return new
+
+
+_REF_CHARS = r"A-Za-z0-9_.-"
+
+
+def repository_refs(context: str) -> list[tuple[str, str]]:
+    """Every `owner/name` written in the text, as (owner, name): "acme/api", "github.com/acme/api" (the host is not
+    an owner), "acme/api#58" and ".../acme/api/pull/512" (the first two path segments after the host)."""
+    refs = []
+    context = re.sub(r"\b[a-z][a-z0-9+.-]*://", " ", context)  # a URL's scheme: its host starts a reference
+    for m in re.finditer(rf"(?<![{_REF_CHARS}/])([{_REF_CHARS}]+(?:/[{_REF_CHARS}]+)+)", context):
+        parts = m.group(1).split("/")
+        if "." in parts[0] and len(parts) >= 3:  # a host: github.com/acme/api/...
+            parts = parts[1:]
+        owner, name = parts[0].strip(".-"), parts[1].strip(".-")
+        if owner and name and not owner.isdigit():
+            refs.append((owner, name))
+    return refs
+
+
+def split_repository(args: dict, schema: Any, context: str, fixed: list[str] | None = None) -> dict:
+    """A tool with both `owner` and `repo` parameters, a request naming the repository as `owner/name`: Qwen2.5-0.5B
+    often repeats the owner as the repo ("kestrel-labs/kestrel" -> repo "kestrel-labs"), takes a neighbouring path
+    ("facebook/react ... packages/react-dom" -> repo "react-dom"), or puts "owner/name" whole into owner. When the
+    request names exactly one repository of the chosen owner, repo is set to it (and a whole "owner/name" in owner is
+    split). Several repositories of that owner in the request leave the answer alone."""
+    fixed = [] if fixed is None else fixed
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or "owner" not in props or "repo" not in props:
+        return args
+    owner, repo = args.get("owner"), args.get("repo")
+    if not isinstance(owner, str) or not owner:
+        return args
+    refs = repository_refs(context)
+    if "/" in owner:
+        head, _, tail = owner.partition("/")
+        if (head, tail) in refs and (repo is None or repo in (owner, head)):
+            fixed.append(f"owner/repo: {owner!r} -> {head!r} / {tail!r}")
+            return {**args, "owner": head, "repo": tail}
+        return args
+    names = {name for o, name in refs if o.lower() == owner.lower()}
+    if len(names) != 1 or not isinstance(repo, (str, type(None))):
+        return args
+    name = names.pop()
+    if repo == name:
+        return args
+    fixed.append(f"repo: {repo!r} -> {name!r} (the request's {owner}/{name})")
+    return {**args, "repo": name}
+
+
+# Units a number may be written in, per dimension, with their size in the dimension's base unit.
+_UNITS = {
+    "time": {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
+             "seconds": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600,
+             "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400, "week": 604800,
+             "weeks": 604800},
+    "length": {"m": 1, "meter": 1, "meters": 1, "metre": 1, "metres": 1, "km": 1000, "kilometer": 1000,
+               "kilometers": 1000, "kilometre": 1000, "kilometres": 1000, "mi": 1609.344, "mile": 1609.344,
+               "miles": 1609.344},
+}
+# How a field states its unit: a name suffix (lookbackSeconds, timeout_ms, radius_km) or its description ("in
+# meters", "(seconds)", "milliseconds").
+_FIELD_UNIT_SUFFIX = [("milliseconds", "ms"), ("millis", "ms"), ("ms", "ms"), ("seconds", "s"), ("secs", "s"),
+                      ("sec", "s"), ("minutes", "min"), ("mins", "min"), ("hours", "h"), ("days", "d"),
+                      ("meters", "m"), ("metres", "m"), ("km", "km")]
+
+
+_DESC_UNIT = re.compile(r"\bin\s+(milliseconds|seconds|minutes|hours|days|meters|metres|kilometers|kilometres|miles)\b"
+                        r"|\((milliseconds|seconds|minutes|hours|days|meters|metres|ms|km)\)")
+
+
+def field_unit(name: str, schema: Any) -> tuple[str, float] | None:
+    """(dimension, size in base units) a numeric field is expressed in, when its name or description says so."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w] or [""]
+    for suffix, unit in _FIELD_UNIT_SUFFIX:
+        if words[-1] == suffix:
+            return _unit(unit)
+    desc = str(schema.get("description", "")).lower() if isinstance(schema, dict) else ""
+    found = {_unit(m.group(1) or m.group(2)) for m in _DESC_UNIT.finditer(desc)}
+    found.discard(None)
+    return found.pop() if len(found) == 1 else None
+
+
+def _unit(word: str | None) -> tuple[str, float] | None:
+    if not word:
+        return None
+    for dim, table in _UNITS.items():
+        if word in table:
+            return dim, table[word]
+    return None
+
+
+def convert_units(args: dict, schema: Any, context: str, converted: list[str] | None = None) -> dict:
+    """A number copied from the request with its unit left behind: "over the last 10 minutes" -> lookbackSeconds 10,
+    "within 1.5 km" -> radius (in meters) 1.5. When the field states its unit (name suffix or description), the value
+    equals a number the request writes with another unit of the same dimension, and the request writes that number
+    only once, the value is converted (10 minutes -> 600 seconds). Top-level numeric fields only."""
+    converted = [] if converted is None else converted
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return args
+    out = dict(args)
+    for k, v in args.items():
+        if not _is_num(v) or k not in props:
+            continue
+        unit = field_unit(k, props[k])
+        if unit is None:
+            continue
+        num = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+        hits = list(re.finditer(rf"(?<![0-9.]){re.escape(num)}(?![0-9]|\.[0-9])\s*([a-z]+)?", context.lower()))
+        if len(hits) != 1:
+            continue
+        written = _unit(hits[0].group(1))
+        if written is None or written[0] != unit[0] or written[1] == unit[1]:
+            continue
+        new = v * written[1] / unit[1]
+        sub = props[k] if isinstance(props[k], dict) else {}
+        if abs(new - round(new)) <= 1e-9:
+            new = int(round(new))
+        elif sub.get("type") == "integer" or isinstance(v, int):
+            continue
+        out[k] = new
+        converted.append(f"{k}: {v} {hits[0].group(1)} -> {new}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ generation
@@ -410,6 +562,10 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
         restored: list[str] = []
         args = restore_path_prefixes(args, context, "", restored)
         dropped += [f"restored {r}" for r in restored]
+        fixed: list[str] = []
+        args = split_repository(args, spec.schema, context, fixed)
+        args = convert_units(args, spec.schema, context, fixed)
+        dropped += [f"repaired {r}" for r in fixed]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

@@ -8,7 +8,10 @@ routing`). A case routes correctly
 when (server, tool) is its gold tool or an acceptable alternative.
 Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained). Each gold
 argument is "specified"; it is correct when the generated value equals the gold value (numbers numerically,
-strings after trimming, lists and objects element-wise). Specified-argument accuracy counts routed cases only;
+strings after trimming, lists and objects element-wise). A case routed to an acceptable alternative (the same tool of
+another server generation) is scored under that tool's parameter names (`pullNumber` is its `pull_number`); a gold
+key it has no parameter for is left out of the specified count (`specified_args_gold_tool_only` keeps only the
+cases routed to the gold tool itself). Specified-argument accuracy counts routed cases only;
 end-to-end argument accuracy counts every case's gold arguments and charges routing errors as failures. JSON
 validity: the output parses as a JSON object; schema validity: it also validates against the server's schema.
 
@@ -60,6 +63,31 @@ def values_equal(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return set(a) == set(b) and all(values_equal(a[k], b[k]) for k in a)
     return a == b
+
+
+def _key_form(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def gold_in_tool_names(gold: dict, schema) -> tuple[dict, list[str]]:
+    """The gold arguments under the routed tool's parameter names, and the gold keys it has no parameter for.
+
+    A case also routes correctly to an acceptable alternative (the same tool of another server generation), whose
+    parameters may be spelled differently (`pullNumber` / `pull_number`) or missing (`method`). A gold key is matched
+    to the parameter with the same letters and digits, case and separators aside; one with no such parameter cannot
+    be filled in that tool and is left out of the specified-argument count (it still counts against end to end)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return dict(gold), []
+    by_form = {_key_form(p): p for p in props}
+    out, unmatched = {}, []
+    for k, v in gold.items():
+        name = k if k in props else by_form.get(_key_form(k))
+        if name is None:
+            unmatched.append(k)
+        else:
+            out[name] = v
+    return out, unmatched
 
 
 def full_schema_text(tool) -> str:
@@ -178,8 +206,10 @@ def run(
                 except Exception as e:  # noqa: BLE001 - a schema the stage refuses is a failed case, recorded
                     args = {}
                     rec.update(args=None, json_valid=False, schema_valid=False, errors=[f"{type(e).__name__}: {e}"])
-                ga = c.get("arguments") or {}
+                ga, unmatched = gold_in_tool_names(c.get("arguments") or {}, spec.schema)
                 rec["arg_correct"] = {k: (k in args and values_equal(args[k], v)) for k, v in ga.items()}
+                if unmatched:
+                    rec["gold_args_without_parameter"] = unmatched
                 # first-argument latency: signature vs full schema, same prompt otherwise
                 if spec.ok and spec.grammar:
                     m_sig, m_full, sig_text, full_text = _variants(spec, tool, c["query"], c.get("history"))
@@ -209,7 +239,8 @@ def run(
     routed = [p for p in per_case if p["routed"]]
     spec_total = sum(len(p["arg_correct"]) for p in routed)
     spec_ok = sum(sum(p["arg_correct"].values()) for p in routed)
-    e2e_total = sum(len(p["arg_correct"]) for p in per_case)
+    e2e_total = sum(len(p["gold_args"]) for p in per_case)
+    exact = [p for p in routed if p["choice"] == p["gold"]]
     # signature lengths over the whole pool (what the main context would hold for any tool)
     sig_lens = []
     for t in tools:
@@ -219,8 +250,11 @@ def run(
     summary = {
         "routing": stats.wilson(len(routed), n),
         "specified_args": stats.wilson(spec_ok, spec_total),
+        "specified_args_gold_tool_only": stats.wilson(sum(sum(p["arg_correct"].values()) for p in exact),
+                                                      sum(len(p["arg_correct"]) for p in exact)),
         "end_to_end_args": stats.wilson(spec_ok, e2e_total),
-        "cases_all_args_correct": stats.wilson(sum(1 for p in per_case if p["arg_correct"] and all(p["arg_correct"].values())), n),
+        "cases_all_args_correct": stats.wilson(sum(1 for p in per_case if p["arg_correct"] and all(p["arg_correct"].values())
+                                                      and not p.get("gold_args_without_parameter")), n),
         "json_validity": stats.wilson(sum(1 for p in routed if p.get("json_valid")), len(routed)),
         "schema_validity": stats.wilson(sum(1 for p in routed if p.get("schema_valid")), len(routed)),
         "signature_tokens": {"median": float(np.median(sig_lens)), "p99": stats.percentile(sig_lens, 99),

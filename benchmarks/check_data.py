@@ -43,6 +43,7 @@ SETS_FILE = HERE / "registry_sets.json"
 QUERY_FILES = {
     "routing": HERE / "queries" / "routing.jsonl",
     "args": HERE / "queries" / "args_cases.jsonl",
+    "args_b": HERE / "queries" / "args_cases_b.jsonl",
     "demo": REPO / "tool_registries" / "demo_queries.jsonl",
 }
 ROLES = {"user", "assistant", "system"}
@@ -291,7 +292,7 @@ def main() -> int:
     print("   ", ", ".join(f"{s} {n}" for s, n in core_servers.most_common()))
     print(f"  all:  {len(all_servers)} livemcptool servers")
     print("   ", ", ".join(f"{s} {n}" for s, n in all_servers.most_common()))
-    for label in ("args", "demo"):
+    for label in ("args", "args_b", "demo"):
         rows = per_file.get(label, [])
         print(f"{QUERY_FILES[label].name}: {len(rows)} cases, {sum(1 for q in rows if q.get('history'))} with history, "
               f"{len({q.get('tool') for q in rows})} distinct tools, {len({q.get('server') for q in rows})} servers")

@@ -64,6 +64,9 @@ class CachedEmbedder:
             self.cache[k] = self.inner.encode_one(text)
         return self.cache[k]
 
+    def encode_few(self, texts):
+        return np.stack([self.encode_one(t) for t in texts])
+
     def save(self):
         keys = list(self.cache)
         np.savez(self.cache_file, keys=np.asarray(keys), vecs=np.stack([self.cache[k] for k in keys]))
@@ -121,6 +124,7 @@ def main() -> int:
     ap.add_argument("--finetune-budget", type=float, default=300.0)
     ap.add_argument("--modes", nargs="+", choices=["gated", "always"], default=None,
                     help="rerank modes to run (default: gated, and always when the variant has a reranker)")
+    ap.add_argument("--rerank-k", type=int, default=None, help="candidates the reranker sees (default: its own)")
     args = ap.parse_args()
     from nexus_cli.adapters.embedder import Embedder
 
@@ -151,7 +155,7 @@ def main() -> int:
                 parts = variant.split("+")
                 reranker = ("cross" if train else "llm" if "llm" in parts else
                             "likelihood" if "ql" in parts else "none")
-                router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker),
+                router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker, rerank_k=args.rerank_k),
                                 embedder=None if ft else emb)
                 modes = [("gated", None)] + ([("always", True)] if reranker != "none" else [])
                 if args.modes:
@@ -159,6 +163,7 @@ def main() -> int:
                 for mode, rr in modes:
                     res = evaluate(router, rows, rr)
                     res.update({"set": set_name, "variant": variant, "lex_weight": lw, "rerank_mode": mode,
+                                "rerank_k": router.rerank_k,
                                 "tau": index.tau, "n_tools": len(index.tools), "build_seconds": build_s})
                     results.append(res)
                     print(json.dumps(res), flush=True)

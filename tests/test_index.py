@@ -216,3 +216,25 @@ def test_cli_index_bad_registry(tmp_path):
     p = run_cli("index", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x"))
     assert p.returncode == 1 and "does not exist" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_mask_values_replaces_literal_values_by_their_kind():
+    from nexus_cli.stages.textgen import mask_values
+
+    assert mask_values("open a PR in acme/api from feature/x titled 'Fix login'") == \
+        "open a PR in repository from repository titled text"
+    assert mask_values("get me the details of https://github.com/acme/api/pull/512") == "get me the details of github link"
+    assert mask_values("show 9fceb02 in rust-lang/rust") == "show commit in repository"
+    assert mask_values("close acme/api#58 as a duplicate of #12") == "close repository issue as a duplicate of number"
+    assert mask_values("read ~/notes.txt, /etc/hosts and ./a/b") == "read path , path and path"
+    assert mask_values("show me README.md from vercel/next.js") == "show me file from repository"
+    # apostrophes inside words are not quotes; a request without values is unchanged
+    assert mask_values("what's changed that I haven't staged yet?") == "what's changed that I haven't staged yet?"
+
+
+def test_request_texts_add_the_masked_form_only_when_it_differs():
+    from nexus_cli.stages.index import request_texts
+
+    assert request_texts("list my repositories", True) == ["list my repositories"]
+    assert request_texts("star acme/api", True) == ["star acme/api", "star repository"]
+    assert request_texts("star acme/api", False) == ["star acme/api"]

@@ -104,6 +104,20 @@ def test_escalation_uses_the_reranker(forge_dir, embedder):
     assert r.route(q, with_args=False).tool == plain.tool
 
 
+def test_value_masking_averages_the_request_with_its_masked_form(forge_dir, embedder):
+    idx = index_stage.load_index(forge_dir)
+    assert idx.value_masking and idx.manifest["gate"]["value_masking"]
+    on = Router(idx, RouterConfig(reranker="none"), embedder=embedder)
+    off = Router(idx, RouterConfig(reranker="none", value_masking=False), embedder=embedder)
+    q = "merge acme/api#57 with the title 'Release 2.4'"
+    s_on, _ = on.retrieve(q)
+    s_off, _ = off.retrieve(q)
+    masked, _ = off.retrieve("merge repository issue with the title text")
+    np.testing.assert_allclose(s_on, (s_off + masked) / 2, rtol=1e-6, atol=1e-6)
+    # a request with no literal value scores exactly as before
+    np.testing.assert_allclose(on.retrieve("list open issues")[0], off.retrieve("list open issues")[0])
+
+
 def test_lexical_fusion_changes_scores(forge_dir, embedder):
     a = Router(forge_dir, RouterConfig(reranker="none", lex_weight=0.0), embedder=embedder)
     b = Router(forge_dir, RouterConfig(reranker="none", lex_weight=0.5), embedder=embedder)

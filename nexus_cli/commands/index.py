@@ -17,6 +17,7 @@ def index_command(
     recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
+    value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder on registry-derived requests and store it in the index (minutes)."),
     finetune_budget: float = typer.Option(300.0, "--finetune-budget", help="Fine-tuning time budget in seconds."),
@@ -58,7 +59,7 @@ def index_command(
         report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
                              finetune=finetune, finetune_options={"time_budget_s": finetune_budget},
-                             adapter=adapter,
+                             adapter=adapter, value_masking=value_masking,
                              progress=on_progress, sources=sources)
     if as_json:
         emit_json(report.as_json())

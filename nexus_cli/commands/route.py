@@ -64,6 +64,7 @@ def route_command(
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
     reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any, else likelihood), likelihood (LLM query likelihood), cross, llm, none."),
+    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 5 for likelihood, 10 for cross and llm)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     # --- serving (owner: serving engineer; stages/session.py) ---
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
@@ -76,6 +77,8 @@ def route_command(
     if session is not None:
         if batch is not None or history is not None or query is None or not query.strip():
             raise UsageError("--session takes one QUERY (no --batch, no --history: the session keeps the history)")
+        if rerank_k is not None:
+            raise UsageError("--rerank-k is not available with --session (a session keeps its router's settings)")
         from ..stages.session import route_with_session
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker)
@@ -92,9 +95,12 @@ def route_command(
         raise UsageError("give either a QUERY or --batch FILE, not both")
     if top_k < 1:
         raise UsageError("--top-k must be at least 1")
+    if rerank_k is not None and rerank_k < 2:
+        raise UsageError("--rerank-k must be at least 2")
     hist = _read_history(history) if history else None
     items = _read_batch(batch) if batch else None
-    router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model), registry=registry)
+    router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k),
+                    registry=registry)
     if items is not None:
         for n, item in enumerate(items, 1):
             res = router.route(item["query"], history=item.get("history") or hist, with_args=not no_args)

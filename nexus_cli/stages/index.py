@@ -50,9 +50,13 @@ CALIBRATION_SEED = 1234
 # Pairs at least this close are the same tool text (one tool in two server generations): nothing can separate them,
 # so they say nothing about where a reranker helps, and their ~0 margins would drag τ down (all 955: 0.005 → 0.083).
 DUPLICATE_COSINE = 0.99
+# A request is scored as itself and as itself with its literal values masked (textgen.mask_values), the two fused
+# score vectors averaged (docs/routing.md, "Request values"). Recorded in the manifest; older indexes score the
+# request alone.
+DEFAULT_VALUE_MASKING = True
 # Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
-# exact duplicates.
-BUILD_REVISION = 2
+# exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked.
+BUILD_REVISION = 3
 
 
 # ================================================================================================ SLB file
@@ -243,6 +247,11 @@ class Index:
     def lex_weight(self) -> float:
         return float(self.manifest["retrieval"].get("lex_weight", 0.0)) if self.bm25 is not None else 0.0
 
+    @property
+    def value_masking(self) -> bool:
+        """Score requests also with their values masked (indexes built before this existed: False)."""
+        return bool(self.manifest["retrieval"].get("value_masking", False))
+
 
 def load_index(path: str | Path) -> Index:
     p = Path(path).expanduser()
@@ -333,6 +342,29 @@ def fuse(dense: np.ndarray, lex: np.ndarray | None, lex_weight: float) -> np.nda
     return dense.astype(np.float64) + (lex_weight * lex / m if m > 0 else 0.0)
 
 
+def request_texts(text: str, value_masking: bool) -> list[str]:
+    """The texts one request is scored as: itself, and (value_masking) itself with its values masked, when that
+    differs."""
+    if not value_masking:
+        return [text]
+    masked = textgen.mask_values(text)
+    return [text] if masked == text or not masked.strip() else [text, masked]
+
+
+def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequence[str],
+                   vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, float]:
+    """Per-tool fused score of one request = the mean over its texts (request_texts) of dense max-sim + weighted
+    BM25. Returns (scores, native scan seconds)."""
+    total, native = None, 0.0
+    for text, v in zip(texts, vecs):
+        dense, dt = dense_tool_scores(slb, v)
+        lex = bm25.scores(textgen.lex_tokens(text)) if bm25 is not None and lex_weight > 0 else None
+        s = fuse(dense, lex, lex_weight)
+        total = s if total is None else total + s
+        native += dt
+    return total / len(texts), native
+
+
 # ================================================================================================ building
 
 
@@ -421,7 +453,8 @@ def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5,
 
 def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: BM25 | None, lex_weight: float,
                    encode: Callable[[list[str]], np.ndarray], percentile: float = GATE_PERCENTILE,
-                   seed: int = CALIBRATION_SEED, probes_per_tool: int = 2) -> dict:
+                   seed: int = CALIBRATION_SEED, probes_per_tool: int = 2,
+                   value_masking: bool = DEFAULT_VALUE_MASKING) -> dict:
     """τ = P20 of top-1/top-2 margins of probe queries of the tools in adversarial (nearest-neighbour) pairs.
 
     Probe queries come from each paired tool's own name/description (textgen.probe_queries, seeded), never from
@@ -437,13 +470,14 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
             probes.append(q)
     if not probes:
         return {"tau": 0.0, "fire_rate": 0.0, "n_pairs": 0, "n_probes": 0}
-    qv = encode(probes)
+    texts = [request_texts(q, value_masking) for q in probes]
+    flat = list(dict.fromkeys(t for ts in texts for t in ts))
+    row = {t: i for i, t in enumerate(flat)}
+    qv = encode(flat)
     margins = np.zeros(len(probes))
     hits = np.zeros(len(probes), dtype=bool)
     for j in range(len(probes)):
-        dense, _ = dense_tool_scores(slb, qv[j])
-        lex = bm25.scores(textgen.lex_tokens(probes[j])) if bm25 is not None else None
-        s = fuse(dense, lex, lex_weight)
+        s, _ = request_scores(slb, bm25, lex_weight, texts[j], [qv[row[t]] for t in texts[j]])
         if len(s) >= 2:
             top2 = np.argpartition(-s, 1)[:2]
             a, b = sorted(s[top2], reverse=True)
@@ -470,6 +504,7 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
         "seed": seed,
         "probes_per_tool": probes_per_tool,
         "duplicate_cosine": DUPLICATE_COSINE,
+        "value_masking": value_masking,
     }
 
 
@@ -522,6 +557,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 train_reranker: bool = False, reranker_options: dict | None = None,
                 finetune: bool = False, finetune_options: dict | None = None,
                 adapter: bool = DEFAULT_ADAPTER, adapter_options: dict | None = None,
+                value_masking: bool = DEFAULT_VALUE_MASKING,
                 progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
     """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional."""
     from .. import __version__
@@ -616,7 +652,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     main_rows = np.asarray([owners.index(i) for i in range(len(tools))])
     report_progress("calibrating", 0, 1)
     gate = calibrate_gate(tools, vecs[main_rows], slb, bm25, lex_weight if lexical else 0.0,
-                          lambda qs: apply_adapter(W, embedder.encode(qs, batch_size=64)))
+                          lambda qs: apply_adapter(W, embedder.encode(qs, batch_size=64)),
+                          value_masking=value_masking)
     report_progress("calibrating", 1, 1)
     secs["calibrate"] = time.perf_counter() - t0
 
@@ -669,7 +706,10 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
             },
             "quantization": {"kind": "int8-symmetric-per-vector", "kernel": "nexus_quantize_i8"},
             "retrieval": {"lexical": bool(lexical), "lex_weight": float(lex_weight if lexical else 0.0),
-                          "fusion": "dense_max + lex_weight * bm25 / max(bm25)"},
+                          "fusion": "dense_max + lex_weight * bm25 / max(bm25)",
+                          "value_masking": bool(value_masking),
+                          "request": "mean of the fused scores of the request and of the request with its values "
+                                     "masked (textgen.mask_values)" if value_masking else "the request as written"},
             "gate": gate,
             "adapter": adapter_info,
             "reranker": rr_info,

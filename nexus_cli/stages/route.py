@@ -15,8 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ModelError, NexusError
-from . import textgen
-from .index import Index, dense_tool_scores, fuse, load_index
+from .index import Index, load_index, request_scores, request_texts
 
 RERANKERS = ("auto", "none", "cross", "llm", "likelihood")
 HISTORY_WEIGHT = 0.5
@@ -78,13 +77,14 @@ class RouteResult:
 @dataclass
 class RouterConfig:
     top_k: int = 5  # candidates reported
-    rerank_k: int = 10  # candidates the reranker sees
+    rerank_k: int | None = None  # candidates the reranker sees; None: the reranker's own (rerank.RERANK_K)
     reranker: str = "auto"  # auto: the index's trained cross-encoder if it has one, else likelihood
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
     model: str = "qwen2.5-0.5b"  # LLM for arguments (and the llm reranker)
     threads: int | None = None
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
+    value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
     extra: dict = field(default_factory=dict)
 
 
@@ -101,6 +101,8 @@ class Router:
         self.index = index if isinstance(index, Index) else load_index(index)
         self.tau = self.index.tau
         self.lex_weight = self.index.lex_weight() if self.config.lex_weight is None else float(self.config.lex_weight)
+        self.value_masking = (self.index.value_masking if self.config.value_masking is None
+                              else bool(self.config.value_masking))
         if embedder is None:
             from ..adapters.embedder import Embedder
 
@@ -108,6 +110,11 @@ class Router:
         self.embedder = embedder
         self._reranker = None
         self._reranker_name = self._pick_reranker()
+        from .rerank import RERANK_K
+
+        self.rerank_k = int(self.config.rerank_k or RERANK_K.get(self._reranker_name, 10))
+        if self.rerank_k < 2:
+            raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
         self._llm = llm
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._warm()
@@ -138,6 +145,8 @@ class Router:
     def _warm(self) -> None:
         """One throw-away query so the first timed route does not pay for lazy initialisation."""
         self.embedder.encode_one("warm up")
+        if self.value_masking:
+            self.embedder.encode_few(["warm up acme/api", "warm up repository"])
         if self._reranker_name != "none":
             self.reranker()
 
@@ -161,7 +170,7 @@ class Router:
 
             model = LlamaModel(self.config.model)
             # sequence 0: arguments; 1: the llm reranker; 2..: the likelihood reranker's candidates, scored together
-            self._llm = LlamaContext(model, n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.config.rerank_k)
+            self._llm = LlamaContext(model, n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.rerank_k)
         return self._llm
 
     @property
@@ -171,15 +180,18 @@ class Router:
     # ------------------------------------------------------------------------------------------- retrieval
 
     def _scores(self, text: str) -> tuple[np.ndarray, float, float, float]:
-        """Fused per-tool scores of one text: (scores, embed s, scan+fusion s, native scan s)."""
+        """Fused per-tool scores of one text (averaged with its value-masked form when the index says so, see
+        index.request_texts): (scores, embed s, scan+fusion s, native scan s)."""
+        texts = request_texts(text, self.value_masking)
         t0 = time.perf_counter()
-        qvec = self.index.query_vector(self.embedder.encode_one(text))
+        if len(texts) == 1:
+            raw = [self.embedder.encode_one(texts[0])]
+        else:
+            raw = list(self.embedder.encode_few(texts))
+        qvecs = [self.index.query_vector(v) for v in raw]
         t1 = time.perf_counter()
-        dense, native = dense_tool_scores(self.index.slb, qvec)
-        lex = None
-        if self.index.bm25 is not None and self.lex_weight > 0:
-            lex = self.index.bm25.scores(textgen.lex_tokens(text))
-        scores = fuse(dense, lex, self.lex_weight)
+        bm25 = self.index.bm25 if self.lex_weight > 0 else None
+        scores, native = request_scores(self.index.slb, bm25, self.lex_weight, texts, qvecs)
         return scores, t1 - t0, time.perf_counter() - t1, native
 
     def retrieve(self, query: str, history: Sequence[dict] | None = None) -> tuple[np.ndarray, dict]:
@@ -204,7 +216,7 @@ class Router:
             raise NexusError("the query is empty")
         t_start = time.perf_counter()
         scores, tm = self.retrieve(query, history)
-        k = max(self.config.top_k, self.config.rerank_k)
+        k = max(self.config.top_k, self.rerank_k)
         order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
         margin = float(scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")
         escalate = margin < self.tau if self.config.use_gate else True
@@ -213,7 +225,7 @@ class Router:
         final_scores = {int(i): float(scores[i]) for i in order}
         ranked = [int(i) for i in order]
         if do_rerank:
-            cand = ranked[: self.config.rerank_k]
+            cand = ranked[: self.rerank_k]
             rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand])
             rorder = np.argsort(-np.asarray(rs), kind="stable")
             ranked = [cand[j] for j in rorder] + ranked[len(cand):]

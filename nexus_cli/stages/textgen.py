@@ -194,6 +194,48 @@ def probe_queries(tool, rng: random.Random, n: int = 4) -> list[str]:
     return head + rest[: n - 1]
 
 
+# ------------------------------------------------------------------------------------------------ request values
+
+# Literal values in a request (a title in quotes, a path, "acme/api#58", a commit hash, numbers) say little about
+# WHICH tool is meant, and MiniLM reads them as content: "show me README.md from vercel/next.js" lands on a Notion
+# page tool, "open a PR ... titled 'Add per-key rate limiting'" on a reaction tool. mask_values() replaces each value
+# by a word for its kind, in this order (a URL before a path, a quoted title before the words inside it):
+_MASKS = [
+    # a URL: the site's main label stays ("github.com/acme/api/pull/512" -> "github link")
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"]+", re.I), lambda m: f" {_url_label(m.group(0))} link "),
+    # quoted text, not an apostrophe inside a word ("what's", "haven't")
+    (re.compile(r"(?<!\w)'[^']{2,}'(?!\w)|(?<!\w)\"[^\"]{2,}\"(?!\w)|\u2018[^\u2019]+\u2019|\u201c[^\u201d]+\u201d"),
+     lambda m: " text "),
+    # owner/name#number
+    (re.compile(r"(?<![\w/])[\w.-]+/[\w.-]+#\d+"), lambda m: " repository issue "),
+    # an absolute, home or relative path
+    (re.compile(r"(?<![\w/~.])(?:~|\.)?/[\w.@-]+(?:/[\w.@*-]*)*"), lambda m: " path "),
+    # a file name with a common extension
+    (re.compile(r"(?<![\w/])[\w.-]+\.(?:md|txt|py|go|rs|ts|js|json|ya?ml|toml|env|log|csv|html|sh)\b"),
+     lambda m: " file "),
+    # owner/name (also chart and image references)
+    (re.compile(r"(?<![\w/])[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+"), lambda m: " repository "),
+    # a hexadecimal hash with letters and digits (7-40 characters)
+    (re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"), lambda m: " commit "),
+    # numbers, issue references, times, coordinates
+    (re.compile(r"#?\b\d[\d.,:-]*\b"), lambda m: " number "),
+]
+
+
+def _url_label(url: str) -> str:
+    host = re.sub(r"^[a-z][a-z0-9+.-]*://", "", url, flags=re.I).split("/")[0].split(":")[0]
+    parts = [p for p in host.split(".") if p]
+    return parts[-2] if len(parts) >= 2 else (parts[0] if parts else "web")
+
+
+def mask_values(text: str) -> str:
+    """The request with its literal values replaced by words for their kind: "open a PR in acme/api from
+    feature/x titled 'Fix login'" -> "open a PR in repository from repository titled text"."""
+    for pattern, repl in _MASKS:
+        text = pattern.sub(repl, text)
+    return " ".join(text.split())
+
+
 # ------------------------------------------------------------------------------------------------ lexical tokens
 
 _STOP = frozenset(

@@ -144,6 +144,9 @@ def args(doc) -> list[str]:
            "| quantity | Nexus [95 % CI] | paper |", "|---|---|---|",
            f"| routing accuracy % | {_ci(s['routing'], 1, 100)} (n={s['routing']['n']}) | 86.7 [70.3, 94.7] (n=30) |",
            f"| specified-argument accuracy % (routed) | {_ci(s['specified_args'], 1, 100)} (n={s['specified_args']['n']}) | 100 (≥ 91.2, n=40) |",
+           *([f"| specified-argument accuracy % (routed to the gold tool itself) | "
+              f"{_ci(s['specified_args_gold_tool_only'], 1, 100)} (n={s['specified_args_gold_tool_only']['n']}) | — |"]
+             if s.get("specified_args_gold_tool_only") else []),
            f"| end-to-end argument accuracy % | {_ci(s['end_to_end_args'], 1, 100)} (n={s['end_to_end_args']['n']}) | 80 [67.0, 88.8] (n=50) |",
            f"| JSON validity % | {_ci(s['json_validity'], 1, 100)} | 100 (≥ 88.6) |",
            f"| schema validity % | {_ci(s['schema_validity'], 1, 100)} | — |",

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, signature_of, validate_arguments, with_string_limit
+from .textgen import name_words
 
 DEFAULT_MAX_TOKENS = 256
 HISTORY_TURNS = 6  # most recent messages kept
@@ -385,7 +386,7 @@ def split_repository(args: dict, schema: Any, context: str, fixed: list[str] | N
 
 # Units a number may be written in, per dimension, with their size in the dimension's base unit.
 _UNITS = {
-    "time": {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
+    "time": {"ms": 0.001, "millis": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1,
              "seconds": 1, "min": 60, "mins": 60, "minute": 60, "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600,
              "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400, "week": 604800,
              "weeks": 604800},
@@ -393,11 +394,10 @@ _UNITS = {
                "kilometers": 1000, "kilometre": 1000, "kilometres": 1000, "mi": 1609.344, "mile": 1609.344,
                "miles": 1609.344},
 }
-# How a field states its unit: a name suffix (lookbackSeconds, timeout_ms, radius_km) or its description ("in
-# meters", "(seconds)", "milliseconds").
-_FIELD_UNIT_SUFFIX = [("milliseconds", "ms"), ("millis", "ms"), ("ms", "ms"), ("seconds", "s"), ("secs", "s"),
-                      ("sec", "s"), ("minutes", "min"), ("mins", "min"), ("hours", "h"), ("days", "d"),
-                      ("meters", "m"), ("metres", "m"), ("km", "km")]
+# How a field states its unit: the last word of its name (lookbackSeconds, timeout_ms, radius_km; not "min", which
+# in a name means minimum, nor single letters) or its description ("in meters", "(seconds)").
+_FIELD_UNIT_SUFFIXES = {"milliseconds", "millis", "ms", "seconds", "secs", "sec", "minutes", "mins", "hours", "days",
+                        "meters", "metres", "km"}
 
 
 _DESC_UNIT = re.compile(r"\bin\s+(milliseconds|seconds|minutes|hours|days|meters|metres|kilometers|kilometres|miles)\b"
@@ -406,11 +406,9 @@ _DESC_UNIT = re.compile(r"\bin\s+(milliseconds|seconds|minutes|hours|days|meters
 
 def field_unit(name: str, schema: Any) -> tuple[str, float] | None:
     """(dimension, size in base units) a numeric field is expressed in, when its name or description says so."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    words = [w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w] or [""]
-    for suffix, unit in _FIELD_UNIT_SUFFIX:
-        if words[-1] == suffix:
-            return _unit(unit)
+    words = name_words(name)
+    if words and words[-1] in _FIELD_UNIT_SUFFIXES:
+        return _unit(words[-1])
     desc = str(schema.get("description", "")).lower() if isinstance(schema, dict) else ""
     found = {_unit(m.group(1) or m.group(2)) for m in _DESC_UNIT.finditer(desc)}
     found.discard(None)

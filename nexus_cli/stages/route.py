@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ModelError, NexusError
 from .index import Index, load_index, request_scores, request_texts
+from .rerank import RERANK_K
 
 RERANKERS = ("auto", "none", "cross", "llm", "likelihood")
 HISTORY_WEIGHT = 0.5
@@ -110,8 +111,6 @@ class Router:
         self.embedder = embedder
         self._reranker = None
         self._reranker_name = self._pick_reranker()
-        from .rerank import RERANK_K
-
         self.rerank_k = int(self.config.rerank_k or RERANK_K.get(self._reranker_name, 10))
         if self.rerank_k < 2:
             raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
@@ -190,8 +189,7 @@ class Router:
             raw = list(self.embedder.encode_few(texts))
         qvecs = [self.index.query_vector(v) for v in raw]
         t1 = time.perf_counter()
-        bm25 = self.index.bm25 if self.lex_weight > 0 else None
-        scores, native = request_scores(self.index.slb, bm25, self.lex_weight, texts, qvecs)
+        scores, native = request_scores(self.index.slb, self.index.bm25, self.lex_weight, texts, qvecs)
         return scores, t1 - t0, time.perf_counter() - t1, native
 
     def retrieve(self, query: str, history: Sequence[dict] | None = None) -> tuple[np.ndarray, dict]:

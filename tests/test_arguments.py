@@ -224,12 +224,16 @@ def test_split_repository_sets_the_repo_the_request_names():
     assert split_repository({"owner": "facebook", "repo": "react-dom"}, schema,
                             "tree of facebook/react under packages/react-dom", notes)["repo"] == "react"
     assert split_repository({"owner": "acme/api"}, schema, "star acme/api", notes) == {"owner": "acme", "repo": "api"}
-    assert len(notes) == 3
+    # a URL's host taken for the owner
+    assert split_repository({"owner": "github.com", "repo": "grafana"}, schema,
+                            "collaborators on github.com/grafana/loki?", notes) == {"owner": "grafana", "repo": "loki"}
+    assert len(notes) == 4
     # two repositories of that owner, an owner the request does not write as owner/name, or no repo parameter:
     # the answer stays
     for args, ctx in [({"owner": "acme", "repo": "api"}, "fork acme/api into acme/api2"),
                       ({"owner": "acme", "repo": "web"}, "open web of acme; see other/api"),
-                      ({"owner": "acme", "repo": "api"}, "in acme/api")]:
+                      ({"owner": "acme", "repo": "api"}, "in acme/api"),
+                      ({"owner": "github.com", "repo": "loki"}, "see github.com/grafana/loki and acme/api")]:
         assert split_repository(args, schema, ctx) == args
     assert split_repository({"owner": "acme", "name": "x"}, {"properties": {"owner": {}, "name": {}}},
                             "acme/api") == {"owner": "acme", "name": "x"}

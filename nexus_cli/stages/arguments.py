@@ -359,7 +359,8 @@ def split_repository(args: dict, schema: Any, context: str, fixed: list[str] | N
     often repeats the owner as the repo ("kestrel-labs/kestrel" -> repo "kestrel-labs"), takes a neighbouring path
     ("facebook/react ... packages/react-dom" -> repo "react-dom"), or puts "owner/name" whole into owner. When the
     request names exactly one repository of the chosen owner, repo is set to it (and a whole "owner/name" in owner is
-    split). Several repositories of that owner in the request leave the answer alone."""
+    split). When the owner is a URL's host (or the repo is the one reference's owner) and the request names exactly
+    one repository, both are set from it. Several repositories of that owner in the request leave the answer alone."""
     fixed = [] if fixed is None else fixed
     props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict) or "owner" not in props or "repo" not in props:
@@ -375,6 +376,12 @@ def split_repository(args: dict, schema: Any, context: str, fixed: list[str] | N
             return {**args, "owner": head, "repo": tail}
         return args
     names = {name for o, name in refs if o.lower() == owner.lower()}
+    if not names and len(set(refs)) == 1 and ("." in owner or repo == refs[0][0]):
+        # a URL's host taken for the owner ("github.com/grafana/loki" -> owner "github.com", repo "grafana")
+        head, tail = refs[0]
+        if owner.lower() in context.lower():
+            fixed.append(f"owner/repo: {owner!r} / {repo!r} -> {head!r} / {tail!r} (the request's {head}/{tail})")
+            return {**args, "owner": head, "repo": tail}
     if len(names) != 1 or not isinstance(repo, (str, type(None))):
         return args
     name = names.pop()

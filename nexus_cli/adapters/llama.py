@@ -538,9 +538,12 @@ class LlamaContext:
                 else:  # not laid out contiguously: gather the rows one by one
                     rows = np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, off + k),
                                                            shape=(self._n_vocab,)) for k in range(n)])
-                # float32 log-sum-exp per row: the vocabulary is large (150k for Qwen), float64 would triple the cost
+                # float32 log-sum-exp per row: the vocabulary is large (150k for Qwen), float64 would triple the cost;
+                # in place in one scratch buffer (half the time of the allocating expression)
                 mx = rows.max(axis=1)
-                lse = mx + np.log(np.exp(rows - mx[:, None]).sum(axis=1))
+                scratch = np.subtract(rows, mx[:, None])
+                np.exp(scratch, out=scratch)
+                lse = mx + np.log(scratch.sum(axis=1))
                 tgt = rows[np.arange(n), np.asarray(toks[1:], dtype=np.int64)]
                 out[j] = [float(x) for x in (tgt - lse)]
         return out

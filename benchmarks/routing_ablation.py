@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=["gated", "always"], default=None,
                     help="rerank modes to run (default: gated, and always when the variant has a reranker)")
     ap.add_argument("--rerank-k", type=int, default=None, help="candidates the reranker sees (default: its own)")
+    ap.add_argument("--rerank-unmasked", action="store_true",
+                    help="the likelihood reranker scores the request as written, not value-masked")
     args = ap.parse_args()
     from nexus_cli.adapters.embedder import Embedder
 
@@ -155,7 +157,8 @@ def main() -> int:
                 parts = variant.split("+")
                 reranker = ("cross" if train else "llm" if "llm" in parts else
                             "likelihood" if "ql" in parts else "none")
-                router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker, rerank_k=args.rerank_k),
+                router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker, rerank_k=args.rerank_k,
+                                                    rerank_masking=not args.rerank_unmasked),
                                 embedder=None if ft else emb)
                 modes = [("gated", None)] + ([("always", True)] if reranker != "none" else [])
                 if args.modes:
@@ -163,7 +166,7 @@ def main() -> int:
                 for mode, rr in modes:
                     res = evaluate(router, rows, rr)
                     res.update({"set": set_name, "variant": variant, "lex_weight": lw, "rerank_mode": mode,
-                                "rerank_k": router.rerank_k,
+                                "rerank_k": router.rerank_k, "rerank_masking": not args.rerank_unmasked,
                                 "tau": index.tau, "n_tools": len(index.tools), "build_seconds": build_s})
                     results.append(res)
                     print(json.dumps(res), flush=True)

@@ -287,6 +287,16 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     scores = rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
     assert len(scores) == len(cands) and int(np.argmax(scores)) in (0, 1)
 
+    # score() judges the request with its values masked; the unmasked reranker judges it as written
+    assert rr.scored_text(query) == "merge pull request number in repository"
+    seen = []
+    rr.log_likelihoods = lambda text, entries: seen.append(text) or [0.0] * len(entries)
+    rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
+    rr.mask_values = False
+    rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
+    assert seen == ["merge pull request number in repository", query]
+    assert LikelihoodReranker(ctx).scored_text("42") == "number"
+
 
 @pytest.mark.slow
 def test_auto_reranker_is_the_likelihood_reranker(forge_dir, embedder):

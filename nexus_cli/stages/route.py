@@ -86,6 +86,7 @@ class RouterConfig:
     threads: int | None = None
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
+    rerank_masking: bool = True  # the likelihood reranker scores the request with its values masked
     extra: dict = field(default_factory=dict)
 
 
@@ -156,7 +157,7 @@ class Router:
             if self._reranker_name == "cross":
                 self._reranker = rerank.CrossReranker(self.index.path / "reranker", threads=self.config.threads)
             elif self._reranker_name == "likelihood":
-                self._reranker = rerank.LikelihoodReranker(self.llm())
+                self._reranker = rerank.LikelihoodReranker(self.llm(), mask_values=self.config.rerank_masking)
             else:
                 self._reranker = rerank.LLMReranker(self.llm(), self.index)
         return self._reranker

@@ -283,6 +283,14 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     cached_again = rr.log_likelihood(query, e)  # evicted by the LRU and rebuilt, or still cached
     assert cached_again == pytest.approx(lls[0], abs=1e-3)
     assert lls[0] == pytest.approx(ref, abs=2e-2)
+    # a one-token request is scored from the prefix's cached next-token distribution alone, with nothing decoded
+    one = ctx.tokenize(" merge", add_special=False, parse_special=False)
+    assert len(one) == 1
+    ctx.seq_rm(3)
+    ctx.decode(prefix, 0, seq_id=3, logits_last=True)
+    first_ref = log_softmax(ctx.logits())[one[0]]
+    ctx.seq_rm(3)
+    assert rr.log_likelihood("merge", e) == pytest.approx(first_ref, abs=2e-2)
 
     scores = rr.score(query, cands, [0.1, 0.4, 0.3, 0.2])
     assert len(scores) == len(cands) and int(np.argmax(scores)) in (0, 1)

@@ -193,8 +193,9 @@ class LikelihoodReranker:
     retriever's rank and the likelihood rank by reciprocal-rank fusion (k = RRF_K, the literature's default, fixed a
     priori: neither signal alone is trusted over the other).
 
-    Cost: a candidate's description prefix is decoded once and its KV state kept (an LRU of `cache_size` tools), so
-    a reranked decision decodes only the request's tokens once per candidate, all candidates in one batch. It uses
+    Cost: a candidate's description prefix is decoded once and its KV state and next-token distribution kept (an LRU
+    of `cache_size` tools), so a reranked decision decodes only the request's tokens once per candidate, all
+    candidates in one batch. It uses
     sequences SEQ and up (sequence 0 keeps argument generation's warm prefix)."""
 
     name = "likelihood"
@@ -214,21 +215,23 @@ class LikelihoodReranker:
         return (f"Tool: {textgen.readable_name(entry.name)} ({entry.name}), server {entry.server}\n"
                 f"Description: {desc}\nA user request this tool handles:")
 
-    def _cached_prefix(self, entry) -> tuple[bytes, int, int]:
-        """(KV state of the prefix minus its last token, that last token, its position)."""
+    def _cached_prefix(self, entry) -> tuple[bytes, np.ndarray, int]:
+        """(KV state of the whole prefix, log-probabilities of the next token after it as float16, its length).
+        Keeping the next-token distribution (300 KB for Qwen's 152k vocabulary, beside a ~0.7 MB KV state) means a
+        decision decodes only the request's tokens, not the prefix's last token again for every candidate."""
         key = (entry.server, entry.name)
         hit = self._prefix.pop(key, None)
         if hit is None:
+            from ..adapters.llama import log_softmax
+
             toks = self.ctx.tokenize(self.prefix_text(entry), add_special=False, parse_special=False)
             seq = self.SEQ
             self.ctx.seq_rm(seq)
-            if len(toks) > 1:
-                self.ctx.decode(toks[:-1], 0, seq_id=seq, logits_last=False)
-                blob = self.ctx.state_seq_get(seq)
-                self.ctx.seq_rm(seq)
-            else:
-                blob = b""
-            hit = (blob, toks[-1], len(toks) - 1)
+            self.ctx.decode(toks, 0, seq_id=seq, logits_last=True)
+            next_logprobs = log_softmax(self.ctx.logits()).astype(np.float16)
+            blob = self.ctx.state_seq_get(seq)
+            self.ctx.seq_rm(seq)
+            hit = (blob, next_logprobs, len(toks))
             while len(self._prefix) >= self.cache_size:
                 self._prefix.pop(next(iter(self._prefix)))
         self._prefix[key] = hit  # most recently used last
@@ -241,7 +244,8 @@ class LikelihoodReranker:
     def log_likelihoods(self, query: str, entries: Sequence) -> list[float]:
         """Mean log-probability of the request after each candidate's prefix. The candidates' prefix states are
         restored into sequences SEQ, SEQ+1, … (as many as the context allows) and their continuations scored in one
-        batch, so the weights run once per group rather than once per candidate."""
+        batch, so the weights run once per group rather than once per candidate. The request's first token is scored
+        from the prefix's cached next-token distribution."""
         q = self.ctx.tokenize(" " + " ".join(query.split()), add_special=False, parse_special=False)
         q = q[: self.MAX_QUERY_TOKENS] or self.ctx.tokenize(" .", add_special=False, parse_special=False)
         width = max(1, self.ctx.n_seq_max - self.SEQ)
@@ -250,20 +254,18 @@ class LikelihoodReranker:
             group = entries[g0:g0 + width]
             prefixes = [self._cached_prefix(e) for e in group]
             items = []
-            for k, (blob, last_tok, pos) in enumerate(prefixes):
-                seq = self.SEQ + k
-                self.ctx.seq_rm(seq)
-                if blob:
+            if len(q) > 1:  # a one-token request is scored by the cached distribution alone
+                for k, (blob, _, n_prefix) in enumerate(prefixes):
+                    seq = self.SEQ + k
+                    self.ctx.seq_rm(seq)
                     self.ctx.state_seq_set(blob, seq)
-                # the prefix's last token is decoded again so its logits (which predict the request's first token)
-                # are produced here rather than stored (a vocabulary-sized vector per tool)
-                items.append(([last_tok] + q, pos, seq))
+                    items.append((q, n_prefix, seq))
             try:
-                lps = self.ctx.continuation_logprobs(items)
+                rest = self.ctx.continuation_logprobs(items) if items else [[] for _ in group]
             finally:
                 for k in range(len(group)):
                     self.ctx.seq_rm(self.SEQ + k)
-            out += [sum(lp) / len(lp) for lp in lps]
+            out += [(float(first[q[0]]) + sum(lp)) / len(q) for (_, first, _), lp in zip(prefixes, rest)]
         return out
 
     def scored_text(self, query: str) -> str:

@@ -167,7 +167,8 @@ def test_cross_encoder_trains_from_the_registry_and_reranks(tmp_path, embedder):
     assert r.reranker_name == "cross"
     res = r.route("merge pull request 57 in acme/api", with_args=False, rerank=True)
     assert res.reranker == "cross" and res.tool in {c.tool for c in res.candidates}
-    assert len({c.score for c in res.candidates}) > 1  # the cross-encoder's own scores, not ties
+    judged = [c.rerank_score for c in res.candidates if c.rerank_score is not None]
+    assert len(set(judged)) > 1  # the cross-encoder's own scores, not ties
 
 
 def test_missing_trained_reranker_is_a_clear_error(forge_dir, embedder):
@@ -317,4 +318,15 @@ def test_auto_reranker_is_the_likelihood_reranker(forge_dir, embedder):
     top6 = {c.tool for c in Router(forge_dir, RouterConfig(reranker="none", top_k=6), embedder=embedder)
             .route("merge pull request 57 in acme/api", with_args=False).candidates}
     assert res.tool in top6  # the reranker reorders the retriever's candidates, it does not invent tools
+
+    # reporting 5 candidates when the reranker judged 4: `score` is the retriever's for all five (one scale),
+    # `rerank_score` is set for the four judged ones, which come first
+    r4 = Router(forge_dir, RouterConfig(model="smollm2-135m", rerank_k=4, top_k=5), embedder=embedder)
+    d = r4.route("merge pull request 57 in acme/api", with_args=False, rerank=True).as_json()
+    judged = [c["rerank_score"] is not None for c in d["candidates"]]
+    assert judged == [True, True, True, True, False]
+    by_retrieval = sorted(d["candidates"], key=lambda c: -c["score"])
+    assert {c["tool"] for c in d["candidates"][:4]} == {c["tool"] for c in by_retrieval[:4]}
+    assert [c["rerank_score"] for c in d["candidates"][:4]] == sorted((c["rerank_score"] for c in d["candidates"][:4]),
+                                                                     reverse=True)
     assert plain.reranker is None

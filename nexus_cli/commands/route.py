@@ -134,10 +134,15 @@ def _render(query: str, res, with_args: bool) -> None:
     table.add_column("#", justify="right")
     table.add_column("server")
     table.add_column("tool")
-    table.add_column("score", justify="right")
+    table.add_column("retrieval", justify="right")
+    if res.reranker:
+        table.add_column(res.reranker, justify="right")
     for i, c in enumerate(res.candidates, 1):
         style = "bold green" if (c.tool == res.tool and c.server == res.server) else None
-        table.add_row(str(i), c.server, c.tool, f"{c.score:.4f}", style=style)
+        cells = [str(i), c.server, c.tool, f"{c.score:.4f}"]
+        if res.reranker:
+            cells.append("—" if c.rerank_score is None else f"{c.rerank_score:.4f}")
+        table.add_row(*cells, style=style)
     parts = [Text(f"request: {query}", style="italic"), head, gate_line, table, Text(f"signature: {res.signature}")]
     if with_args:
         if res.arguments is not None:

@@ -40,7 +40,8 @@ def routing_context(history: Sequence[dict] | None) -> str:
 class Candidate:
     server: str
     tool: str
-    score: float
+    score: float  # the retriever's fused score (one scale for every candidate; the gate's margin is over it)
+    rerank_score: float | None = None  # the reranker's score, for the candidates it judged (they come first)
 
 
 @dataclass
@@ -221,19 +222,21 @@ class Router:
         escalate = margin < self.tau if self.config.use_gate else True
         do_rerank = (escalate if rerank is None else rerank) and self._reranker_name != "none" and len(order) > 1
         t_r = time.perf_counter()
-        final_scores = {int(i): float(scores[i]) for i in order}
+        rerank_scores: dict[int, float] = {}
         ranked = [int(i) for i in order]
         if do_rerank:
             cand = ranked[: self.rerank_k]
             rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand])
             rorder = np.argsort(-np.asarray(rs), kind="stable")
             ranked = [cand[j] for j in rorder] + ranked[len(cand):]
-            final_scores.update({cand[j]: float(rs[j]) for j in range(len(cand))})
+            rerank_scores = {cand[j]: float(rs[j]) for j in range(len(cand))}
         tm["rerank"] = (time.perf_counter() - t_r) * 1e3
         best = ranked[0]
         entry = self.index.tools[best]
         cands = [Candidate(server=self.index.tools[i].server, tool=self.index.tools[i].name,
-                           score=round(final_scores[i], 6)) for i in ranked[: self.config.top_k]]
+                           score=round(float(scores[i]), 6),
+                           rerank_score=round(rerank_scores[i], 6) if i in rerank_scores else None)
+                 for i in ranked[: self.config.top_k]]
         args, args_err = None, None
         t_a = time.perf_counter()
         if with_args:

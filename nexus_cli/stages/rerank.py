@@ -195,8 +195,7 @@ class LikelihoodReranker:
 
     Cost: a candidate's description prefix is decoded once and its KV state and next-token distribution kept (an LRU
     of `cache_size` tools), so a reranked decision decodes only the request's tokens once per candidate, all
-    candidates in one batch. It uses
-    sequences SEQ and up (sequence 0 keeps argument generation's warm prefix)."""
+    candidates in one batch. It uses sequences SEQ and up (sequence 0 keeps argument generation's warm prefix)."""
 
     name = "likelihood"
     SEQ = 2  # sequence 0: argument generation's warm prefix; 1: the llm reranker
@@ -208,7 +207,7 @@ class LikelihoodReranker:
         self.ctx = ctx
         self.cache_size = cache_size
         self.mask_values = mask_values
-        self._prefix: dict[tuple[str, str], tuple[bytes, int, int]] = {}
+        self._prefix: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}  # see _cached_prefix
 
     def prefix_text(self, entry) -> str:
         desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)

@@ -36,6 +36,7 @@ class CachedEmbedder:
         self.inner = inner
         self.path = inner.path
         self.dim = inner.dim
+        self.prompts = getattr(inner, "prompts", {})
         self.cache_file = cache_file
         self.cache: dict[str, np.ndarray] = {}
         if cache_file.is_file():
@@ -47,15 +48,17 @@ class CachedEmbedder:
     def _k(t: str) -> str:
         return hashlib.sha1(t.encode()).hexdigest()
 
-    def encode(self, texts, batch_size=64, show_progress=False, callback=None):
-        missing = [t for t in dict.fromkeys(texts) if self._k(t) not in self.cache]
+    def encode(self, texts, batch_size=64, show_progress=False, callback=None, role="document"):
+        # a query and a document of the same text differ for models with prompts, so the role is part of the key
+        key = self._k if role == "document" else (lambda t: "q:" + self._k(t))
+        missing = [t for t in dict.fromkeys(texts) if key(t) not in self.cache]
         if missing:
-            vecs = self.inner.encode(missing, batch_size=batch_size)
+            vecs = self.inner.encode(missing, batch_size=batch_size, role=role)
             for t, v in zip(missing, vecs):
-                self.cache[self._k(t)] = v
+                self.cache[key(t)] = v
         if callback:
             callback(len(texts))
-        return np.stack([self.cache[self._k(t)] for t in texts]).astype(np.float32)
+        return np.stack([self.cache[key(t)] for t in texts]).astype(np.float32)
 
     def encode_one(self, text):
         # cached too: accuracy runs reuse query vectors; latency is measured by a separate uncached pass (--latency)
@@ -125,6 +128,8 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=["gated", "always"], default=None,
                     help="rerank modes to run (default: gated, and always when the variant has a reranker)")
     ap.add_argument("--rerank-k", type=int, default=None, help="candidates the reranker sees (default: its own)")
+    ap.add_argument("--embedder", default="minilm",
+                    help="embedder name or sentence-transformers folder (its query/document prompts are used)")
     ap.add_argument("--rerank-unmasked", action="store_true",
                     help="the likelihood reranker scores the request as written, not value-masked")
     args = ap.parse_args()
@@ -132,7 +137,9 @@ def main() -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    emb = CachedEmbedder(Embedder("minilm"), work / "embcache.npz")
+    # the vector cache and the indexes are per embedder (the default keeps the plain names)
+    emb_tag = "" if args.embedder == "minilm" else "-" + Path(args.embedder).name
+    emb = CachedEmbedder(Embedder(args.embedder), work / f"embcache{emb_tag}.npz")
     results = []
     for set_name in args.sets:
         tools = load_registries(registry_paths(set_name))
@@ -141,10 +148,10 @@ def main() -> int:
             recipe = "doc" if variant.startswith("doc") else "multi"
             train = "cross" in variant
             ft = "ft" in variant.split("+")
-            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{'-ce' if train else ''}"
+            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{'-ce' if train else ''}{emb_tag}"
             t0 = time.perf_counter()
             if not (idx_dir / "manifest.json").is_file():
-                rep = build_index(tools, idx_dir, embedder=emb, recipe=recipe, lexical=True, train_reranker=train,
+                rep = build_index(tools, idx_dir, embedder=emb, embedder_name=args.embedder, recipe=recipe, lexical=True, train_reranker=train,
                                   reranker_options={"time_budget_s": args.reranker_budget}, finetune=ft,
                                   finetune_options={"time_budget_s": args.finetune_budget})
                 emb.save()

@@ -238,3 +238,32 @@ def test_request_texts_add_the_masked_form_only_when_it_differs():
     assert request_texts("list my repositories", True) == ["list my repositories"]
     assert request_texts("star acme/api", True) == ["star acme/api", "star repository"]
     assert request_texts("star acme/api", False) == ["star acme/api"]
+
+
+def test_embedder_uses_the_models_own_query_and_document_prompts(tmp_path, embedder):
+    """A model that names "query"/"document" prompts in its config (e5, bge, EmbeddingGemma) gets them: requests and
+    probes as queries, tool texts as documents. MiniLM names none, so its texts are embedded as written."""
+    from nexus_cli.adapters.embedder import Embedder
+
+    assert embedder.prompts == {}
+    prompted = tmp_path / "minilm-prompted"
+    prompted.mkdir()
+    for item in embedder.path.iterdir():
+        (prompted / item.name).symlink_to(item)
+    cfg_file = prompted / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    cfg["prompts"] = {"query": "search query: ", "document": "search document: ", "other": "x: "}
+    cfg_file.unlink(missing_ok=True)
+    cfg_file.write_text(json.dumps(cfg))
+    model = Embedder(prompted)
+    assert model.prompts == {"query": "search query: ", "document": "search document: "}
+    text = "merge the open pull request"
+    as_query = embedder.encode_one("search query: " + text)
+    as_document = embedder.encode(["search document: " + text])[0]
+    np.testing.assert_allclose(model.encode_one(text), as_query, atol=1e-5)
+    np.testing.assert_allclose(model.encode_few([text, text + " now"])[0], as_query, atol=1e-5)
+    np.testing.assert_allclose(model.encode([text], role="query")[0], as_query, atol=1e-5)
+    np.testing.assert_allclose(model.encode([text])[0], as_document, atol=1e-5)
+    assert float(as_query @ as_document) < 0.999  # the two roles really differ
+    with pytest.raises(ValueError):
+        model.encode([text], role="tool")

@@ -71,10 +71,21 @@ class Embedder:
             raise ModelError(f"cannot load the embedder from {self.path}: {type(e).__name__}: {e}") from None
         getdim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dim = int(getdim())
+        # Models trained with task prefixes (e5, bge, EmbeddingGemma) name them in their own config as the "query" and
+        # "document" prompts; requests and probes are embedded as queries, tool texts as documents. MiniLM has none.
+        prompts = dict(getattr(self.model, "prompts", None) or {})
+        self.prompts = {role: prompts[role] for role in ("query", "document") if prompts.get(role)}
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None):
+    def _prompt_name(self, role: str) -> str | None:
+        if role not in ("query", "document"):
+            raise ValueError(f"role must be 'query' or 'document', not {role!r}")
+        return role if role in self.prompts else None
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None,
+               role: str = "document"):
         """Embed texts in batches; returns a C-contiguous, L2-normalised float32 array [n, dim]. `callback(n_done)` is
-        called after each batch (for progress bars)."""
+        called after each batch (for progress bars). role: "document" (tool texts) or "query" (requests, probes);
+        it selects the model's own prompt for that role, if it has one."""
         import numpy as np
         import torch
 
@@ -86,7 +97,7 @@ class Embedder:
             for i in range(0, len(texts), batch_size):
                 chunk = texts[i : i + batch_size]
                 v = self.model.encode(chunk, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                                      show_progress_bar=False)
+                                      show_progress_bar=False, prompt_name=self._prompt_name(role))
                 out.append(np.asarray(v, dtype=np.float32))
                 if callback is not None:
                     callback(len(chunk))
@@ -100,7 +111,8 @@ class Embedder:
 
         with torch.inference_mode():
             v = self.model.encode(list(texts), batch_size=max(1, len(texts)), convert_to_numpy=True,
-                                  normalize_embeddings=True, show_progress_bar=False)
+                                  normalize_embeddings=True, show_progress_bar=False,
+                                  prompt_name=self._prompt_name("query"))
         return np.ascontiguousarray(v, dtype=np.float32)
 
     def encode_one(self, text: str):
@@ -110,7 +122,7 @@ class Embedder:
 
         with torch.inference_mode():
             v = self.model.encode([text], batch_size=1, convert_to_numpy=True, normalize_embeddings=True,
-                                  show_progress_bar=False)
+                                  show_progress_bar=False, prompt_name=self._prompt_name("query"))
         return np.ascontiguousarray(v[0], dtype=np.float32)
 
 

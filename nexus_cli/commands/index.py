@@ -13,7 +13,7 @@ def index_command(
     registry: Optional[List[str]] = typer.Argument(None, help="Registry files or directories (MCP tools/list JSON)."),
     mcp: Optional[List[str]] = typer.Option(None, "--mcp", help="Also index a live MCP server over stdio (command line; repeatable)."),
     out: str = typer.Option(..., "--out", "-o", help="Index directory to write (replaced atomically)."),
-    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or sentence-transformers folder."),
+    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name (minilm) or a sentence-transformers folder; its own query/document prompts are used."),
     recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),

@@ -529,7 +529,7 @@ def train_query_adapter(tools: Sequence[Tool], slb: SLB, embedder, n_queries: in
         if progress:
             progress("adapter: embedding requests", done[0], len(qs))
 
-    qv = embedder.encode(qs, batch_size=64, callback=_cb)
+    qv = embedder.encode(qs, batch_size=64, callback=_cb, role="query")
     deq = slb.vectors.astype(np.float32) * slb.scales[:, None]
     W, log = train_linear_adapter(qv, deq, slb.owners, targets, slb.n_tools, steps=steps, l2=l2, seed=seed)
     log.update({"data": "textgen.training_queries (registry only)", "seed": seed, "queries_per_tool": n_queries,
@@ -652,7 +652,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     main_rows = np.asarray([owners.index(i) for i in range(len(tools))])
     report_progress("calibrating", 0, 1)
     gate = calibrate_gate(tools, vecs[main_rows], slb, bm25, lex_weight if lexical else 0.0,
-                          lambda qs: apply_adapter(W, embedder.encode(qs, batch_size=64)),
+                          lambda qs: apply_adapter(W, embedder.encode(qs, batch_size=64, role="query")),
                           value_masking=value_masking)
     report_progress("calibrating", 1, 1)
     secs["calibrate"] = time.perf_counter() - t0
@@ -697,7 +697,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
             "n_vectors": int(len(texts)),
             "n_servers": len(servers),
             "embedder": {"name": embedder_name, "dim": int(vecs.shape[1]), "normalized": True,
-                         "finetuned": ft_info, "path": "embedder" if ft_info else None},
+                         "finetuned": ft_info, "path": "embedder" if ft_info else None,
+                         "prompts": dict(getattr(embedder, "prompts", None) or {})},
             "recipe": {
                 "name": recipe,
                 "doc": "readable name (abbreviations expanded) + raw name + first 48 words of the description",

@@ -78,7 +78,7 @@ def train_cross_encoder(tools, slb, bm25, lex_weight: float, embedder, out_dir: 
 
     t0 = time.perf_counter()
     base = base or embedder.path
-    groups_idx = mine_groups(tools, slb, bm25, lex_weight, lambda q: embedder.encode(q, batch_size=64),
+    groups_idx = mine_groups(tools, slb, bm25, lex_weight, lambda q: embedder.encode(q, batch_size=64, role="query"),
                              n_queries=n_queries, n_neg=n_neg)
     docs = [rerank_doc(e) for e in (entries or tools)]
     groups = [(q, [docs[p]] + [docs[k] for k in negs]) for q, p, negs in groups_idx]
@@ -310,7 +310,7 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
         for q in textgen.training_queries(t, rng, n_queries):
             qs.append(q)
             owners.append(i)
-    qv = embedder.encode(qs, batch_size=64)
+    qv = embedder.encode(qs, batch_size=64, role="query")
     sims = qv @ dv.T
     sims[np.arange(len(qs)), owners] = -np.inf
     hard = np.argmax(sims, axis=1)

@@ -85,6 +85,33 @@ def test_decode_splits_long_inputs_and_tracks_positions(ctx, smol):
         ctx.decode(toks[:3], 10, 0)
 
 
+def test_decode_many_matches_decoding_each_sequence_alone(ctx, smol):
+    texts = ["Merge the pull request.", "List the open issues of the repository, newest first.", "Hello"]
+    toks = [smol.tokenize(t) for t in texts]
+    alone = []
+    for tk in toks:
+        ctx.seq_rm(0)
+        ctx.decode(tk, 0, 0)
+        alone.append(ctx.logits())
+    ctx.seq_rm(0)
+    # three sequences in one call; the next item would overflow n_batch = 64, so it goes into a second call
+    long = (smol.tokenize("one two three four five six seven eight ") * 10)[:60]
+    together = ctx.decode_many([(tk, 0, seq) for seq, tk in enumerate(toks)])
+    assert [ctx.seq_pos_max(s) for s in range(3)] == [len(tk) - 1 for tk in toks]
+    for a, b in zip(alone, together):
+        assert int(np.argmax(a)) == int(np.argmax(b))
+        np.testing.assert_allclose(a, b, atol=2e-2 * max(1.0, float(np.abs(a).max())))
+    ctx.seq_rm(0)
+    [split] = ctx.decode_many([(long, 0, 0)])
+    ctx.seq_rm(0)
+    ctx.decode(long, 0, 0)
+    np.testing.assert_allclose(split, ctx.logits(), atol=2e-2 * max(1.0, float(np.abs(split).max())))
+    with pytest.raises(ModelError):  # an item longer than n_batch is refused, not split
+        ctx.decode_many([(long * 2, 0, 1)])
+    with pytest.raises(ModelError):  # and so is one that does not continue its sequence
+        ctx.decode_many([(toks[0], 5, 2)])
+
+
 def test_cell_edits(ctx, smol):
     toks = smol.tokenize("The quick brown fox jumps over the lazy dog again and again.")
     n = len(toks)

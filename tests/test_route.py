@@ -271,6 +271,12 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     assert all(np.isfinite(lls)) and all(x < 0 for x in lls)
     assert int(np.argmax(lls)) == 0, lls
     assert len(rr._prefix) == 2  # the LRU is bounded
+    # cold prefixes are decoded together (two sequences at a time here), more of them than the LRU holds, one twice
+    # (a batch's size changes llama.cpp's kernel paths: scores move by up to ~0.05 nats per token, as they already did
+    # between a candidate's continuation scored alone and beside others)
+    together = LikelihoodReranker(ctx, cache_size=2).log_likelihoods(query, cands + [cands[0]])
+    np.testing.assert_allclose(together, lls + [lls[0]], atol=6e-2)
+    assert int(np.argmax(together[:4])) == 0
 
     # reference: decode prefix + request in one go on a fresh sequence, average the request tokens' log-probs
     e = cands[0]

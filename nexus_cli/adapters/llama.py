@@ -487,6 +487,46 @@ class LlamaContext:
                     + (": no KV slot (context full)" if rc == 1 else "")
                 )
 
+    def decode_many(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Decode several sequences' tokens together and return each item's last-token logits (float32 copies).
+
+        Each item is (tokens, start_pos, seq_id), as in `decode`. Items are packed into as few llama_decode calls as
+        n_batch allows (an item is never split): on two CPU cores one call over four ~40-token prompts took 0.83x four
+        calls (the weights are read once per call)."""
+        L = _lib()
+        out: list[np.ndarray] = []
+        b = self._batch
+        i = 0
+        while i < len(items):
+            group, m = [], 0
+            while i < len(items) and (not group or m + len(items[i][0]) <= self.n_batch):
+                toks, start, seq = items[i]
+                if not 0 < len(toks) <= self.n_batch:
+                    raise ModelError(f"decode_many: an item of {len(toks)} tokens (1 .. n_batch {self.n_batch} allowed)")
+                self._check_span(seq, start, len(toks))
+                group.append((i, m))
+                m += len(toks)
+                i += 1
+            for j, off in group:
+                toks, start, seq = items[j]
+                for k, tok in enumerate(toks):
+                    b.token[off + k] = int(tok)
+                    b.pos[off + k] = start + k
+                    b.n_seq_id[off + k] = 1
+                    b.seq_id[off + k][0] = seq
+                    b.logits[off + k] = 1 if k == len(toks) - 1 else 0
+            b.n_tokens = m
+            rc = L.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise ModelError(f"llama_decode failed ({rc}) decoding {len(group)} sequences"
+                                 + (": no KV slot (context full)" if rc == 1 else ""))
+            for j, off in group:
+                ptr = L.llama_get_logits_ith(self._ctx, off + len(items[j][0]) - 1)
+                if not ptr:
+                    raise ModelError("llama.cpp returned no logits for a decoded sequence")
+                out.append(np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy())
+        return out
+
     def continuation_logprobs(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[list[float]]:
         """Score continuations of several sequences at once. Each item is (tokens, start_pos, seq_id): the tokens are
         decoded at start_pos.. of that sequence (which must already hold positions < start_pos), and the result for

@@ -487,22 +487,19 @@ class LlamaContext:
                     + (": no KV slot (context full)" if rc == 1 else "")
                 )
 
-    def decode_many(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[np.ndarray]:
-        """Decode several sequences' tokens together and return each item's last-token logits (float32 copies).
-
-        Each item is (tokens, start_pos, seq_id), as in `decode`. Items are packed into as few llama_decode calls as
-        n_batch allows (an item is never split): on two CPU cores one call over four ~40-token prompts took 0.83x four
-        calls (the weights are read once per call)."""
+    def _decode_packed(self, items: Sequence[tuple[Sequence[int], int, int]], wants_logits, what: str):
+        """Decode items (tokens, start_pos, seq_id) packed into as few llama_decode calls as n_batch allows (an item
+        is never split). `wants_logits(k, n)` says whether token k of an n-token item keeps its logits. Yields each
+        decoded group as [(item index, offset of its first token in the batch)], to read logits from before the next."""
         L = _lib()
-        out: list[np.ndarray] = []
         b = self._batch
         i = 0
         while i < len(items):
             group, m = [], 0
             while i < len(items) and (not group or m + len(items[i][0]) <= self.n_batch):
                 toks, start, seq = items[i]
-                if not 0 < len(toks) <= self.n_batch:
-                    raise ModelError(f"decode_many: an item of {len(toks)} tokens (1 .. n_batch {self.n_batch} allowed)")
+                if len(toks) > self.n_batch:
+                    raise ModelError(f"{what}: an item of {len(toks)} tokens exceeds n_batch {self.n_batch}")
                 self._check_span(seq, start, len(toks))
                 group.append((i, m))
                 m += len(toks)
@@ -514,12 +511,27 @@ class LlamaContext:
                     b.pos[off + k] = start + k
                     b.n_seq_id[off + k] = 1
                     b.seq_id[off + k][0] = seq
-                    b.logits[off + k] = 1 if k == len(toks) - 1 else 0
+                    b.logits[off + k] = 1 if wants_logits(k, len(toks)) else 0
+            if m == 0:
+                continue
             b.n_tokens = m
             rc = L.llama_decode(self._ctx, b)
             if rc != 0:
-                raise ModelError(f"llama_decode failed ({rc}) decoding {len(group)} sequences"
+                raise ModelError(f"llama_decode failed ({rc}) in {what} of {len(group)} sequences"
                                  + (": no KV slot (context full)" if rc == 1 else ""))
+            yield group
+
+    def decode_many(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Decode several sequences' tokens together and return each item's last-token logits (float32 copies).
+
+        Each item is (tokens, start_pos, seq_id), as in `decode`. Items are packed into as few llama_decode calls as
+        n_batch allows (an item is never split): on two CPU cores one call over four ~40-token prompts took 0.83x four
+        calls (the weights are read once per call)."""
+        if any(len(toks) == 0 for toks, _, _ in items):
+            raise ModelError("decode_many: an item has no tokens")
+        L = _lib()
+        out: list[np.ndarray] = []
+        for group in self._decode_packed(items, lambda k, n: k == n - 1, "decode_many"):
             for j, off in group:
                 ptr = L.llama_get_logits_ith(self._ctx, off + len(items[j][0]) - 1)
                 if not ptr:
@@ -536,33 +548,7 @@ class LlamaContext:
         many short continuations runs the weights once instead of once per item."""
         L = _lib()
         out: list[list[float]] = [[] for _ in items]
-        b = self._batch
-        i = 0
-        while i < len(items):
-            group, m = [], 0
-            while i < len(items) and (not group or m + len(items[i][0]) <= self.n_batch):
-                toks, start, seq = items[i]
-                if len(toks) > self.n_batch:
-                    raise ModelError(f"continuation of {len(toks)} tokens exceeds n_batch {self.n_batch}")
-                self._check_span(seq, start, len(toks))
-                group.append((i, m))
-                m += len(toks)
-                i += 1
-            for j, off in group:
-                toks, start, seq = items[j]
-                for k, t in enumerate(toks):
-                    b.token[off + k] = int(t)
-                    b.pos[off + k] = start + k
-                    b.n_seq_id[off + k] = 1
-                    b.seq_id[off + k][0] = seq
-                    b.logits[off + k] = 1 if k < len(toks) - 1 else 0
-            b.n_tokens = m
-            if m == 0:
-                continue
-            rc = L.llama_decode(self._ctx, b)
-            if rc != 0:
-                raise ModelError(f"llama_decode failed ({rc}) scoring {len(group)} continuations"
-                                 + (": no KV slot (context full)" if rc == 1 else ""))
+        for group in self._decode_packed(items, lambda k, n: k < n - 1, "continuation scoring"):
             for j, off in group:
                 toks = items[j][0]
                 n = len(toks) - 1

@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--rerank-k", type=int, default=None, help="candidates the reranker sees (default: its own)")
     ap.add_argument("--embedder", default="minilm",
                     help="embedder name or sentence-transformers folder (its query/document prompts are used)")
+    ap.add_argument("--examples", default=None,
+                    help="example requests JSONL given to every index (nexus index --examples)")
     ap.add_argument("--rerank-unmasked", action="store_true",
                     help="the likelihood reranker scores the request as written, not value-masked")
     args = ap.parse_args()
@@ -140,6 +142,10 @@ def main() -> int:
     # the vector cache and the indexes are per embedder (the default keeps the plain names)
     emb_tag = "" if args.embedder == "minilm" else "-" + Path(args.embedder).name
     emb = CachedEmbedder(Embedder(args.embedder), work / f"embcache{emb_tag}.npz")
+    from nexus_cli.registry import load_example_requests
+
+    examples = load_example_requests([args.examples]) if args.examples else None
+    ex_tag = "-ex" if examples else ""
     results = []
     for set_name in args.sets:
         tools = load_registries(registry_paths(set_name))
@@ -148,12 +154,12 @@ def main() -> int:
             recipe = "doc" if variant.startswith("doc") else "multi"
             train = "cross" in variant
             ft = "ft" in variant.split("+")
-            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{'-ce' if train else ''}{emb_tag}"
+            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{'-ce' if train else ''}{emb_tag}{ex_tag}"
             t0 = time.perf_counter()
             if not (idx_dir / "manifest.json").is_file():
                 rep = build_index(tools, idx_dir, embedder=emb, embedder_name=args.embedder, recipe=recipe, lexical=True, train_reranker=train,
                                   reranker_options={"time_budget_s": args.reranker_budget}, finetune=ft,
-                                  finetune_options={"time_budget_s": args.finetune_budget})
+                                  finetune_options={"time_budget_s": args.finetune_budget}, examples=examples)
                 emb.save()
                 build_s = rep.seconds
             else:
@@ -174,7 +180,8 @@ def main() -> int:
                     res = evaluate(router, rows, rr)
                     res.update({"set": set_name, "variant": variant, "lex_weight": lw, "rerank_mode": mode,
                                 "rerank_k": router.rerank_k, "rerank_masking": not args.rerank_unmasked,
-                                "tau": index.tau, "n_tools": len(index.tools), "build_seconds": build_s})
+                                "tau": index.tau, "n_tools": len(index.tools), "build_seconds": build_s,
+                                "examples": index.manifest["recipe"].get("examples")})
                     results.append(res)
                     print(json.dumps(res), flush=True)
     if args.out:

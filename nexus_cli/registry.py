@@ -153,3 +153,52 @@ def load_registries(paths: Iterable[str | Path]) -> list[Tool]:
     if not tools:
         raise FormatError("the registry holds no tools")
     return tools
+
+
+MAX_EXAMPLE_BYTES = 16 * 1024 * 1024
+
+
+def load_example_requests(paths: Iterable[str | Path]) -> dict[str, list[str]]:
+    """Example user requests per tool, from JSONL files of `{"server", "tool", "query"}` lines (blank lines skipped).
+
+    Returns `{"server/tool": [query, ...]}` in file order, duplicates dropped. Which tools they name is not checked
+    here: one examples file may cover more servers than the registry being indexed (build_index reports the ones it
+    could not use). A malformed line is an error naming the file and line."""
+    out: dict[str, list[str]] = {}
+    for p in paths:
+        path = Path(p).expanduser()
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise FormatError(f"cannot read example requests {path}: {e.strerror}") from None
+        if path.is_dir():
+            raise FormatError(f"example requests {path} is a directory, not a JSONL file")
+        if size > MAX_EXAMPLE_BYTES:
+            raise FormatError(f"example requests {path} is {size} bytes, over the {MAX_EXAMPLE_BYTES} byte limit")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except OSError as e:
+            raise FormatError(f"cannot read example requests {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise FormatError(f"example requests {path} is not UTF-8 (byte {e.start})") from None
+        n = 0
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise FormatError(f"example requests {path} line {lineno}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise FormatError(f"example requests {path} line {lineno}: expected an object")
+            for k in ("server", "tool", "query"):
+                if not isinstance(row.get(k), str) or not row[k].strip():
+                    raise FormatError(f"example requests {path} line {lineno}: '{k}' must be a non-empty string")
+            queries = out.setdefault(f"{row['server']}/{row['tool']}", [])
+            q = " ".join(row["query"].split())
+            if q not in queries:
+                queries.append(q)
+            n += 1
+        if n == 0:
+            raise FormatError(f"example requests {path} holds no requests")
+    return out

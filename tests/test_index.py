@@ -267,3 +267,99 @@ def test_embedder_uses_the_models_own_query_and_document_prompts(tmp_path, embed
     assert float(as_query @ as_document) < 0.999  # the two roles really differ
     with pytest.raises(ValueError):
         model.encode([text], role="tool")
+
+
+# ---------------------------------------------------------------------------------------------- example requests
+
+
+def test_load_example_requests_parses_dedupes_and_refuses_bad_lines(tmp_path):
+    from nexus_cli.registry import load_example_requests
+
+    good = tmp_path / "ex.jsonl"
+    good.write_text('{"server": "forge", "tool": "merge_pull_request", "query": "squash  it in"}\n\n'
+                    '{"server": "forge", "tool": "merge_pull_request", "query": "squash it in"}\n'
+                    '{"server": "forge", "tool": "merge_pull_request", "query": "ship PR 7"}\n'
+                    '{"server": "other", "tool": "x", "query": "y"}\n')
+    ex = load_example_requests([good])
+    assert ex == {"forge/merge_pull_request": ["squash it in", "ship PR 7"], "other/x": ["y"]}
+    cases = {
+        '{"server": "forge", "tool": "t"}\n': "line 1: 'query' must be a non-empty string",
+        '{"server": "forge", "tool": "t", "query": "q"}\n{nope\n': "line 2: not valid JSON",
+        '["forge", "t", "q"]\n': "line 1: expected an object",
+        "\n\n": "holds no requests",
+    }
+    for text, message in cases.items():
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text)
+        with pytest.raises(FormatError, match=message):
+            load_example_requests([bad])
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"server": "f", "tool": "t", "query": "caf\xe9"}\n')
+    with pytest.raises(FormatError, match="not UTF-8"):
+        load_example_requests([tmp_path / "latin1.jsonl"])
+    with pytest.raises(FormatError, match="cannot read"):
+        load_example_requests([tmp_path / "missing.jsonl"])
+
+
+def test_example_requests_become_vectors_of_their_tool(tmp_path, embedder, forge_tools):
+    cap = index_stage.EXAMPLES_PER_TOOL
+    many = [f"ship pull request number {i} once CI is green" for i in range(cap)]
+    many += ["what is a good recipe for potato salad", "translate this poem into Latin"]
+    examples = {"forge/merge_pull_request": many, "forge/list_issues": ["which bugs are still open in acme/api"],
+                "elsewhere/tool": ["not in this registry"]}
+    out = tmp_path / "ex-idx"
+    rep = index_stage.build_index(forge_tools, out, embedder=embedder, examples=examples)
+    base = sum(len(index_stage.tool_texts(t, "multi")) for t in forge_tools)
+    assert rep.n_vectors == base + cap + 1  # capped per tool; the unknown tool's request is not used
+    assert rep.examples["n_requests"] == cap + 1 and rep.examples["n_tools_with"] == 2
+    assert rep.examples["unmatched_sample"] == ["elsewhere/tool"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["recipe"]["examples"] == rep.examples
+    idx = index_stage.load_index(out)
+    names = [t.name for t in forge_tools]
+    merge = names.index("merge_pull_request")
+    # the extra vectors belong to their tool and come after its own texts (main vector still first)
+    owned = np.flatnonzero(idx.slb.owners == merge)
+    assert len(owned) == len(index_stage.tool_texts(forge_tools[merge], "multi")) + cap
+    assert np.all(np.diff(owned) == 1)
+    # a request that is one of the examples now meets its own vector: cosine ~1 for that tool
+    dense, _ = index_stage.dense_tool_scores(idx.slb, embedder.encode_one(many[1]))
+    assert int(np.argmax(dense)) == merge and dense[merge] > 0.98
+    dense, _ = index_stage.dense_tool_scores(idx.slb, embedder.encode_one(many[-1]))  # beyond the cap: not stored
+    assert dense[merge] < 0.9
+
+
+def test_cli_index_bad_examples_file(tmp_path):
+    bad = tmp_path / "ex.jsonl"
+    bad.write_text('{"server": "forge", "tool": "merge_pull_request"}\n')
+    p = run_cli("index", str(FORGE), "--examples", str(bad), "--out", str(tmp_path / "x"))
+    assert p.returncode == 1 and "line 1: 'query' must be a non-empty string" in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools, monkeypatch):
+    import nexus_cli.adapters.embedder as embedder_module
+    from nexus_cli.adapters.embedder import Embedder
+    from nexus_cli.stages import rerank
+
+    examples = {"forge/merge_pull_request": ["ship PR 7 once it is green", "squash it into main"],
+                "forge/list_issues": ["which bugs are still open in acme/api"]}
+    per_tool, _ = index_stage.match_examples(forge_tools, examples)
+    seen = []
+    train = embedder_module.finetune_biencoder
+
+    def spy(base, triples, out, **kw):  # the triples handed to the trainer
+        seen.extend(triples)
+        return train(base, triples, out, **kw)
+
+    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=4)
+    assert "example" in info["data"] and info["n_triples"] == 3 and info["train"]["steps"] == 1
+    docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
+    gold = {"ship PR 7 once it is green": "merge_pull_request", "squash it into main": "merge_pull_request",
+            "which bugs are still open in acme/api": "list_issues"}
+    assert sorted(q for q, _, _ in seen) == sorted(gold)
+    for q, pos, neg in seen:
+        assert pos == docs[gold[q]] and neg != pos and neg in docs.values()
+    tuned = Embedder(str(tmp_path / "ft"))  # a loadable sentence-transformers folder
+    assert tuned.encode_one("squash it into main").shape == (384,)

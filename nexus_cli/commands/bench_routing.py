@@ -16,6 +16,7 @@ def command(
     queries: Optional[str] = typer.Option(None, "--queries", help="Queries JSONL (default benchmarks/queries/routing.jsonl)."),
     model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM of the concatenate-all oracle and of the likelihood / llm rerankers."),
     embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or folder."),
+    examples: Optional[str] = typer.Option(None, "--examples", help="Example requests JSONL given to every index (nexus index --examples), e.g. tool_registries/examples/shared_registries.jsonl."),
     oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Run the concatenate-all-schemas oracle where it fits."),
     oracle_ctx: int = typer.Option(8192, "--oracle-ctx", help="Context of the oracle (tokens); larger prompts overflow."),
     oracle_max_queries: int = typer.Option(100, "--oracle-max-queries", help="Oracle on whole groups until this many queries (0: all)."),
@@ -36,7 +37,7 @@ def command(
         reranker_budget = q["reranker_budget"] if reranker_budget == 300.0 else reranker_budget
     with stage_progress("routing") as prog:
         doc = stage.run(registry_dir=registry_dir, sizes=sizes, queries=queries, model=model, embedder=embedder,
-                        oracle=oracle, oracle_ctx=oracle_ctx,
+                        examples=examples, oracle=oracle, oracle_ctx=oracle_ctx,
                         oracle_max_queries=oracle_max_queries or None, reranker=reranker, reranker_budget=reranker_budget,
                         max_queries=max_queries, seed=seed, out_dir=out, quick=quick, progress=prog)
     finish(doc, as_json, render)

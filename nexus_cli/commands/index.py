@@ -17,16 +17,17 @@ def index_command(
     recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
+    examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 4 become extra vectors (repeatable)."),
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
-    finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder on registry-derived requests and store it in the index (minutes)."),
+    finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
     finetune_budget: float = typer.Option(300.0, "--finetune-budget", help="Fine-tuning time budget in seconds."),
     train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
 ) -> None:
     from ..output import emit_json, progress, stdout_console
-    from ..registry import load_registries
+    from ..registry import load_example_requests, load_registries
     from ..stages.index import build_index
 
     if not registry and not mcp:
@@ -34,6 +35,7 @@ def index_command(
     if recipe not in ("multi", "doc"):
         raise UsageError(f"unknown --recipe '{recipe}' (multi, doc)")
     tools = load_registries(registry) if registry else []
+    example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])
     for cmd in mcp or []:
         try:
@@ -59,7 +61,7 @@ def index_command(
         report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
                              finetune=finetune, finetune_options={"time_budget_s": finetune_budget},
-                             adapter=adapter, value_masking=value_masking,
+                             adapter=adapter, value_masking=value_masking, examples=example_requests,
                              progress=on_progress, sources=sources)
     if as_json:
         emit_json(report.as_json())
@@ -69,9 +71,15 @@ def index_command(
             f"({report.n_vectors} INT8 vectors, dim {report.dim}) → {report.out}")
     c.print(f"gate: τ = {report.tau:.4f} (P20 of adversarial-pair margins), expected fire rate "
             f"{report.fire_rate:.1%}")
+    ex = report.examples
+    if ex:
+        c.print(f"examples: {ex['n_requests']} requests for {ex['n_tools_with']} of {report.n_tools} tools"
+                + (f" ({ex['n_unmatched_tools']} tools named in the examples are not in this registry)"
+                   if ex["n_unmatched_tools"] else ""))
     ft = report.finetuned
     if ft:
-        c.print(f"embedder: fine-tuned on {ft['n_triples']} registry-derived requests in {ft['train']['seconds']} s")
+        c.print(f"embedder: fine-tuned on {ft['n_triples']} {'example' if 'example' in ft['data'] else 'registry-derived'} "
+                f"requests in {ft['train']['seconds']} s")
     if report.reranker:
         c.print(f"reranker: cross-encoder trained on {report.reranker['n_groups']} registry-derived groups "
                 f"in {report.reranker['train']['seconds']} s")

@@ -41,6 +41,7 @@ import numpy as np
 from .. import stats
 from ..config import REPO_ROOT
 from ..errors import NexusError, UsageError
+from ..registry import load_example_requests
 from ..results import Run, model_identity
 from ._bench_common import NULL_PROGRESS, Progress, registry_dir_default
 
@@ -119,13 +120,15 @@ def plan_registries(queries: list[dict], tools: list, size: int | None, seed: in
     return out
 
 
-def _index_for(tools, embedder, reranker_dir: Path | None) -> Path:
-    from .index import BUILD_REVISION, build_index
+def _index_for(tools, embedder, reranker_dir: Path | None, examples: dict | None = None) -> Path:
+    from .index import BUILD_REVISION, build_index, match_examples
 
-    h = hashlib.sha256("\n".join(sorted(t.content_hash() for t in tools)).encode()).hexdigest()[:16]
+    used = match_examples(tools, examples)[0]
+    h = hashlib.sha256("\n".join(sorted(t.content_hash() for t in tools)
+                                 + [json.dumps(used, ensure_ascii=False)] * bool(examples)).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
-        build_index(tools, path, embedder=embedder)
+        build_index(tools, path, embedder=embedder, examples=examples)
     if reranker_dir is not None and not (path / "reranker" / "config.json").is_file():
         if (path / "reranker").exists():
             shutil.rmtree(path / "reranker")
@@ -234,6 +237,7 @@ def run(
     queries: str | None = None,
     model: str = "qwen2.5-0.5b",
     embedder: str = "minilm",
+    examples: str | None = None,
     oracle: bool = True,
     oracle_ctx: int = 8192,
     oracle_max_queries: int | None = 100,
@@ -258,7 +262,8 @@ def run(
     tools = pool_tools(reg_dir)
     params = dict(registry_dir=os.path.relpath(reg_dir, REPO_ROOT), sizes=[s or "ALL" for s in size_list],
                   queries=os.path.relpath(qpath, REPO_ROOT), n_queries=len(qs), pool="all", pool_tools=len(tools),
-                  model=model, embedder=embedder, oracle=oracle, oracle_ctx=oracle_ctx,
+                  model=model, embedder=embedder,
+                  examples=os.path.relpath(examples, REPO_ROOT) if examples else None, oracle=oracle, oracle_ctx=oracle_ctx,
                   oracle_max_queries=oracle_max_queries, reranker=reranker,
                   reranker_budget_s=reranker_budget, max_queries=max_queries, n_boot=n_boot, quick=quick,
                   grouping="queries in file order, <= N/2 distinct gold tools per group, distractors seeded per group")
@@ -268,6 +273,7 @@ def run(
     run_ = Run(SUITE, params, seed=seed, models=models)
 
     emb = Embedder(embedder)
+    example_requests = load_example_requests([examples]) if examples else None
     rr_dir = None
     if reranker == "cross":
         full = _full_index_with_reranker(tools, emb, reranker_budget)
@@ -292,7 +298,7 @@ def run(
                     oracle_tokens.append(len(orc.prompt_prefix(reg)) + longest_q)
                 oracle_fits = max(oracle_tokens) + 64 <= oracle_ctx
             for gi, (qi, reg) in enumerate(plans[size]):
-                ipath = _index_for(reg, emb, rr_dir)
+                ipath = _index_for(reg, emb, rr_dir, example_requests)
                 router = Router(ipath, RouterConfig(reranker="cross" if rr_dir else reranker, model=model), embedder=emb,
                                 llm=shared_llm)
                 shared_llm = router._llm  # one LLM context for every size and group (loaded once)

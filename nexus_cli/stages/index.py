@@ -57,6 +57,9 @@ DEFAULT_VALUE_MASKING = True
 # Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
 # exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked.
 BUILD_REVISION = 3
+# Example requests (`nexus index --examples FILE.jsonl`) become extra vectors of their tool, at most this many per
+# tool (docs/routing.md, "Example requests").
+EXAMPLES_PER_TOOL = 4
 
 
 # ================================================================================================ SLB file
@@ -381,13 +384,14 @@ class BuildReport:
     problems: dict  # tool key -> reasons
     reranker: dict | None = None
     finetuned: dict | None = None
+    examples: dict | None = None
 
     def as_json(self) -> dict:
         return {
             "out": str(self.out), "n_tools": self.n_tools, "n_vectors": self.n_vectors, "n_servers": self.n_servers,
             "dim": self.dim, "gate": {"tau": self.tau, "fire_rate": self.fire_rate},
             "seconds": self.seconds, "schema_problems": self.problems, "reranker": self.reranker,
-            "finetuned": self.finetuned,
+            "finetuned": self.finetuned, "examples": self.examples,
         }
 
 
@@ -424,11 +428,25 @@ def doc_text_for(tool) -> str:
 
 
 def tool_texts(tool, recipe: str) -> list[str]:
+    """The texts embedded for a tool from its own name and description, main text first."""
     if recipe == "doc":
         return [textgen.doc_text(tool)]
     if recipe == "multi":
         return [textgen.doc_text(tool)] + textgen.extra_texts(tool)
     raise NexusError(f"unknown text recipe '{recipe}' (doc, multi)")
+
+
+def match_examples(tools: Sequence[Tool], examples: dict[str, list[str]] | None) -> tuple[list[list[str]], dict | None]:
+    """Each tool's example requests (at most EXAMPLES_PER_TOOL) and the record for the manifest: how many were used,
+    and the example keys that name no tool of this registry (an examples file may cover more servers)."""
+    if not examples:
+        return [[] for _ in tools], None
+    keys = {t.key for t in tools}
+    per_tool = [list(examples.get(t.key, []))[:EXAMPLES_PER_TOOL] for t in tools]
+    unmatched = sorted(k for k in examples if k not in keys)
+    return per_tool, {"per_tool_max": EXAMPLES_PER_TOOL, "n_requests": sum(len(x) for x in per_tool),
+                      "n_tools_with": sum(1 for x in per_tool if x), "n_unmatched_tools": len(unmatched),
+                      "unmatched_sample": unmatched[:5]}
 
 
 def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5,
@@ -557,9 +575,10 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 train_reranker: bool = False, reranker_options: dict | None = None,
                 finetune: bool = False, finetune_options: dict | None = None,
                 adapter: bool = DEFAULT_ADAPTER, adapter_options: dict | None = None,
-                value_masking: bool = DEFAULT_VALUE_MASKING,
+                value_masking: bool = DEFAULT_VALUE_MASKING, examples: dict[str, list[str]] | None = None,
                 progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
-    """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional."""
+    """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional.
+    `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors."""
     from .. import __version__
 
     if not tools:
@@ -585,17 +604,19 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     entries = compile_specs(tools)
     secs["schemas"] = time.perf_counter() - t0
 
+    tool_examples, examples_info = match_examples(tools, examples)
     ft_info = None
     ft_dir = None
     if finetune:
-        # Fine-tune the bi-encoder on registry-derived requests (hard negatives from the base model's confusions),
-        # save it into the index, and embed everything with it.
+        # Fine-tune the bi-encoder on the example requests when there are any, else on registry-derived requests
+        # (hard negatives from the base model's confusions); save it into the index and embed everything with it.
         from . import rerank
 
         t0 = time.perf_counter()
         ft_dir = Path(tempfile.mkdtemp(prefix=".finetune-", dir=Path(out).parent if Path(out).parent.exists() else None))
         try:
             ft_info = rerank.finetune_embedder(tools, embedder, ft_dir, progress=report_progress,
+                                               examples=tool_examples if examples_info else None,
                                                **(finetune_options or {}))
         except BaseException:
             shutil.rmtree(ft_dir, ignore_errors=True)
@@ -606,11 +627,12 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
         secs["finetune"] = time.perf_counter() - t0
 
     # texts and owners (vectors grouped by tool, main vector first)
-    texts, owners = [], []
+    texts, owners, is_request = [], [], []
     for i, t in enumerate(tools):
-        for s in tool_texts(t, recipe):
-            texts.append(s)
-            owners.append(i)
+        for flag, group in ((False, tool_texts(t, recipe)), (True, tool_examples[i])):
+            texts.extend(group)
+            owners.extend([i] * len(group))
+            is_request.extend([flag] * len(group))
     t0 = time.perf_counter()
     done = [0]
 
@@ -619,11 +641,19 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
         report_progress("embedding", done[0], len(texts))
 
     report_progress("embedding", 0, len(texts))
-    # Sort by length so batches pad little (long descriptions together), then restore the order.
-    order = np.argsort([len(s) for s in texts], kind="stable")
-    vec_sorted = embedder.encode([texts[i] for i in order], batch_size=32, callback=_cb)
-    vecs = np.empty_like(vec_sorted)
-    vecs[order] = vec_sorted
+    # Tool texts are documents; example requests are embedded as queries, like the requests they stand for (the same
+    # thing for MiniLM; models with query/document prompts differ). Each group is sorted by length so batches pad
+    # little (long descriptions together), then the order is restored.
+    vecs = None
+    for role, flag in (("document", False), ("query", True)):
+        rows = np.asarray([j for j, r in enumerate(is_request) if r is flag], dtype=np.int64)
+        if not len(rows):
+            continue
+        order = rows[np.argsort([len(texts[j]) for j in rows], kind="stable")]
+        part = embedder.encode([texts[j] for j in order], batch_size=32, callback=_cb, role=role)
+        if vecs is None:
+            vecs = np.empty((len(texts), part.shape[1]), dtype=part.dtype)
+        vecs[order] = part
     secs["embed"] = time.perf_counter() - t0
 
     from .. import kernels
@@ -704,6 +734,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 "doc": "readable name (abbreviations expanded) + raw name + first 48 words of the description",
                 "extra": "multi: + readable name, first/second description sentence (boilerplate stripped), "
                          "name + required parameters; tool score = max over its vectors" if recipe == "multi" else None,
+                "examples": examples_info,
             },
             "quantization": {"kind": "int8-symmetric-per-vector", "kernel": "nexus_quantize_i8"},
             "retrieval": {"lexical": bool(lexical), "lex_weight": float(lex_weight if lexical else 0.0),
@@ -731,7 +762,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                        dim=int(vecs.shape[1]), tau=gate["tau"], fire_rate=gate["fire_rate"],
                        seconds={k: round(v, 3) for k, v in secs.items()},
                        problems={e.key: e.problems for e in entries if e.problems}, reranker=rr_info,
-                       finetuned=ft_info)
+                       finetuned=ft_info, examples=examples_info)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import NexusError
 from . import textgen
 
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
@@ -307,11 +308,15 @@ def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[fl
 
 
 def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,
-                      lr: float = 3e-5, time_budget_s: float = 300.0, progress=None, seed: int = TRAIN_SEED) -> dict:
-    """Fine-tune the bi-encoder on (registry-derived request, tool doc text, hard negative doc) triples.
+                      lr: float = 3e-5, time_budget_s: float = 300.0, progress=None, seed: int = TRAIN_SEED,
+                      examples: Sequence[Sequence[str]] | None = None) -> dict:
+    """Fine-tune the bi-encoder on (request, tool doc text, hard negative doc) triples.
 
-    Hard negative of a request = the tool the *base* embedder ranks highest among the wrong ones (doc vectors,
-    cosine); the loss is in-batch-negatives softmax (MNRL) with that extra negative. Saves to out_dir."""
+    The requests are the tools' example requests when `examples` (one list per tool) is given, else
+    registry-derived ones (textgen.training_queries). Hard negative of a request = the tool the *base* embedder ranks
+    highest among the wrong ones whose text differs from the right one's (an exact duplicate in another server
+    generation is not wrong); the loss is in-batch-negatives softmax (MNRL) with that extra negative. Saves to
+    out_dir."""
     from ..adapters.embedder import finetune_biencoder
     from .index import doc_text_for
 
@@ -321,12 +326,16 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
     dv = embedder.encode(docs, batch_size=32)
     qs, owners = [], []
     for i, t in enumerate(tools):
-        for q in textgen.training_queries(t, rng, n_queries):
+        for q in (examples[i] if examples is not None else textgen.training_queries(t, rng, n_queries)):
             qs.append(q)
             owners.append(i)
+    if not qs:
+        raise NexusError("no requests to fine-tune the embedder on")
     qv = embedder.encode(qs, batch_size=64, role="query")
     sims = qv @ dv.T
-    sims[np.arange(len(qs)), owners] = -np.inf
+    same_text = np.asarray([[docs[j] == docs[o] for j in range(len(docs))] for o in sorted(set(owners))])
+    row_of = {o: k for k, o in enumerate(sorted(set(owners)))}
+    sims[np.asarray([same_text[row_of[o]] for o in owners])] = -np.inf
     hard = np.argmax(sims, axis=1)
     triples = [(q, docs[o], docs[int(h)]) for q, o, h in zip(qs, owners, hard)]
     mined_s = time.perf_counter() - t0
@@ -335,4 +344,5 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
                              time_budget_s=time_budget_s, seed=seed, callback=cb)
     return {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
             "mining_seconds": round(mined_s, 1), "train": log, "seed": seed,
-            "data": "textgen.training_queries (registry only)"}
+            "data": "example requests (nexus index --examples)" if examples is not None
+                    else "textgen.training_queries (registry only)"}

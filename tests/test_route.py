@@ -313,6 +313,36 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     assert LikelihoodReranker(ctx).scored_text("42") == "number"
 
 
+def test_likelihood_reranker_reads_a_tools_example_requests(tmp_path, embedder):
+    """An index built with example requests stores them per tool; the likelihood reranker reads them (value-masked)
+    as earlier requests of the same form, which makes a request phrased like an example more probable under that
+    tool than under the same tool without examples (the real SmolLM2)."""
+    from dataclasses import replace
+
+    from nexus_cli.adapters.llama import LlamaContext, LlamaModel
+    from nexus_cli.stages.rerank import LikelihoodReranker
+
+    examples = {"forge/merge_pull_request": ["squash 'fix login' into main once checks pass", "ship PR 7"]}
+    out = tmp_path / "forge-ex"
+    index_stage.build_index(load_registries([FORGE]), out, embedder=embedder, examples=examples)
+    idx = index_stage.load_index(out)
+    by_name = {t.name: t for t in idx.tools}
+    merge = by_name["merge_pull_request"]
+    assert merge.examples == examples["forge/merge_pull_request"] and by_name["list_issues"].examples == []
+
+    ctx = LlamaContext(LlamaModel("smollm2-135m"), n_ctx=1024)
+    rr = LikelihoodReranker(ctx)
+    cue = LikelihoodReranker.CUE
+    text = rr.prefix_text(merge)
+    assert text.endswith(f"{cue} squash text into main once checks pass\n{cue} ship PR number\n{cue}")
+    plain = replace(merge, examples=[])
+    assert rr.prefix_text(plain).endswith(f"\n{cue}") and "ship PR" not in rr.prefix_text(plain)
+    query = "squash 'bump deps' into main once checks pass"
+    with_examples = rr.log_likelihoods(rr.scored_text(query), [merge])[0]
+    without = LikelihoodReranker(ctx).log_likelihoods(rr.scored_text(query), [plain])[0]
+    assert with_examples > without + 0.5, (with_examples, without)
+
+
 @pytest.mark.slow
 def test_auto_reranker_is_the_likelihood_reranker(forge_dir, embedder):
     """Without a trained cross-encoder in the index, `auto` escalates to the LLM's query likelihood (the measured best)."""

@@ -219,6 +219,7 @@ class ToolEntry:
     input_schema: dict
     problems: list[str] = field(default_factory=list)
     ok: bool = True
+    examples: list[str] = field(default_factory=list)  # example requests (nexus index --examples); the reranker reads them
 
     @property
     def key(self) -> str:
@@ -605,6 +606,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     secs["schemas"] = time.perf_counter() - t0
 
     tool_examples, examples_info = match_examples(tools, examples)
+    for entry, own in zip(entries, tool_examples):
+        entry.examples = list(own)
     ft_info = None
     ft_dir = None
     if finetune:

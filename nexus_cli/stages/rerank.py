@@ -203,6 +203,7 @@ class LikelihoodReranker:
     RRF_K = 60
     DESC_WORDS = 40
     MAX_QUERY_TOKENS = 128  # a longer request is scored on its start (the cost grows with its length × candidates)
+    CUE = "A user request this tool handles:"
 
     def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True):
         self.ctx = ctx
@@ -211,9 +212,12 @@ class LikelihoodReranker:
         self._prefix: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}  # see _cached_prefixes
 
     def prefix_text(self, entry) -> str:
+        """The candidate as the LLM reads it; the tool's example requests (if the index has them) come as earlier
+        requests of the same form, value-masked like the request that is scored after them."""
         desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)
+        shots = "".join(f"{self.CUE} {self.scored_text(q)}\n" for q in getattr(entry, "examples", None) or ())
         return (f"Tool: {textgen.readable_name(entry.name)} ({entry.name}), server {entry.server}\n"
-                f"Description: {desc}\nA user request this tool handles:")
+                f"Description: {desc}\n{shots}{self.CUE}")
 
     def _cached_prefixes(self, entries: Sequence) -> list[tuple[bytes, np.ndarray, int]]:
         """Per entry: (KV state of its whole prefix, log-probabilities of the next token after it as float16, its

@@ -121,7 +121,9 @@ def gate(doc) -> list[str]:
 def routing(doc) -> list[str]:
     s = doc["summary"]
     p = doc["params"]
-    out = [f"### Routing vs registry size (Fig. 5, Table IV) — {p['n_queries']} queries", "", f"_{_machine(doc)}_", "",
+    with_examples = f" — indexes built with the example requests of `{p['examples']}`" if p.get("examples") else ""
+    out = [f"### Routing vs registry size (Fig. 5, Table IV) — {p['n_queries']} queries{with_examples}", "",
+           f"_{_machine(doc)}_", "",
            "| N | accuracy % [95 % CI] | paper | no reranker % | retriever top-1 / top-3 % | SLB top-1 / top-3 % | τ | fire % | scan in-situ µs | scan native µs | oracle |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in s["rows"]:

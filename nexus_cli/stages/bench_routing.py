@@ -123,9 +123,10 @@ def plan_registries(queries: list[dict], tools: list, size: int | None, seed: in
 def _index_for(tools, embedder, reranker_dir: Path | None, examples: dict | None = None) -> Path:
     from .index import BUILD_REVISION, build_index, match_examples
 
-    used = match_examples(tools, examples)[0]
-    h = hashlib.sha256("\n".join(sorted(t.content_hash() for t in tools)
-                                 + [json.dumps(used, ensure_ascii=False)] * bool(examples)).encode()).hexdigest()[:16]
+    parts = sorted(t.content_hash() for t in tools)
+    if examples:  # the examples this registry uses are part of what the index is
+        parts.append(json.dumps(match_examples(tools, examples)[0], ensure_ascii=False))
+    h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
         build_index(tools, path, embedder=embedder, examples=examples)

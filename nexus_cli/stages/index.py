@@ -649,7 +649,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     # little (long descriptions together), then the order is restored.
     vecs = None
     for role, flag in (("document", False), ("query", True)):
-        rows = np.asarray([j for j, r in enumerate(is_request) if r is flag], dtype=np.int64)
+        rows = np.asarray([j for j, r in enumerate(is_request) if r == flag], dtype=np.int64)
         if not len(rows):
             continue
         order = rows[np.argsort([len(texts[j]) for j in rows], kind="stable")]

@@ -215,7 +215,7 @@ class LikelihoodReranker:
         """The candidate as the LLM reads it; the tool's example requests (if the index has them) come as earlier
         requests of the same form, value-masked like the request that is scored after them."""
         desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)
-        shots = "".join(f"{self.CUE} {self.scored_text(q)}\n" for q in getattr(entry, "examples", None) or ())
+        shots = "".join(f"{self.CUE} {self.scored_text(q)}\n" for q in entry.examples)
         return (f"Tool: {textgen.readable_name(entry.name)} ({entry.name}), server {entry.server}\n"
                 f"Description: {desc}\n{shots}{self.CUE}")
 
@@ -337,9 +337,9 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
         raise NexusError("no requests to fine-tune the embedder on")
     qv = embedder.encode(qs, batch_size=64, role="query")
     sims = qv @ dv.T
-    same_text = np.asarray([[docs[j] == docs[o] for j in range(len(docs))] for o in sorted(set(owners))])
-    row_of = {o: k for k, o in enumerate(sorted(set(owners)))}
-    sims[np.asarray([same_text[row_of[o]] for o in owners])] = -np.inf
+    text_id = {d: k for k, d in enumerate(dict.fromkeys(docs))}
+    doc_text = np.asarray([text_id[d] for d in docs])
+    sims[doc_text[None, :] == doc_text[np.asarray(owners)][:, None]] = -np.inf  # the tool itself and its exact twins
     hard = np.argmax(sims, axis=1)
     triples = [(q, docs[o], docs[int(h)]) for q, o, h in zip(qs, owners, hard)]
     mined_s = time.perf_counter() - t0

@@ -328,6 +328,24 @@ def test_example_requests_become_vectors_of_their_tool(tmp_path, embedder, forge
     assert dense[merge] < 0.9
 
 
+
+def test_example_requests_join_their_tools_bm25_document(tmp_path, embedder, forge_tools):
+    """The words of a tool's examples (value-masked, capped like the vectors) are BM25 words of that tool."""
+    cap = index_stage.EXAMPLES_PER_TOOL
+    own = ["land the kumquat branch into main in acme/zebrafish"] + [f"merge number {i}" for i in range(cap - 1)]
+    examples = {"forge/merge_pull_request": own + ["beyond the cap: rutabaga"]}
+    out = tmp_path / "lex-idx"
+    index_stage.build_index(forge_tools, out, embedder=embedder, examples=examples)
+    idx = index_stage.load_index(out)
+    merge = [t.name for t in forge_tools].index("merge_pull_request")
+    kumquat = idx.bm25.scores(textgen.lex_tokens("kumquat"))
+    assert int(np.argmax(kumquat)) == merge and np.count_nonzero(kumquat) == 1
+    assert not idx.bm25.scores(textgen.lex_tokens("rutabaga")).any()  # beyond the cap
+    assert not idx.bm25.scores(textgen.lex_tokens("zebrafish")).any()  # a value: masked out of the document
+    plain = tmp_path / "plain-idx"
+    index_stage.build_index(forge_tools, plain, embedder=embedder)
+    assert not index_stage.load_index(plain).bm25.scores(textgen.lex_tokens("kumquat")).any()
+
 def test_cli_index_bad_examples_file(tmp_path):
     bad = tmp_path / "ex.jsonl"
     bad.write_text('{"server": "forge", "tool": "merge_pull_request"}\n')

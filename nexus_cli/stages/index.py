@@ -55,11 +55,12 @@ DUPLICATE_COSINE = 0.99
 # request alone.
 DEFAULT_VALUE_MASKING = True
 # Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
-# exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked.
-BUILD_REVISION = 3
-# Example requests (`nexus index --examples FILE.jsonl`) become extra vectors of their tool, at most this many per
-# tool (docs/routing.md, "Example requests").
-EXAMPLES_PER_TOOL = 4
+# exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked. 4: example requests
+# join their tool's BM25 document.
+BUILD_REVISION = 4
+# Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
+# this many per tool: what was written per tool (docs/routing.md, "Example requests").
+EXAMPLES_PER_TOOL = 8
 
 
 # ================================================================================================ SLB file
@@ -672,7 +673,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     slb = SLB(dim=int(vecs.shape[1]), servers=servers, tool_server=np.asarray([sidx[t.server] for t in tools]),
               names=[t.name for t in tools], owners=np.asarray(owners, dtype=np.int64), scales=np.asarray(scales),
               vectors=np.asarray(q))
-    lex_docs = [textgen.lexical_doc(t) for t in tools] if lexical else None
+    lex_docs = [textgen.lexical_doc(t, examples=own) for t, own in zip(tools, tool_examples)] if lexical else None
     bm25 = BM25(lex_docs) if lex_docs is not None else None
 
     W, adapter_info = None, None

@@ -204,6 +204,7 @@ class LikelihoodReranker:
     DESC_WORDS = 40
     MAX_QUERY_TOKENS = 128  # a longer request is scored on its start (the cost grows with its length × candidates)
     CUE = "A user request this tool handles:"
+    PREFIX_EXAMPLES = 4  # a tool's first examples in its prefix; more lengthen every uncached prefix's decode
 
     def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True):
         self.ctx = ctx
@@ -215,7 +216,7 @@ class LikelihoodReranker:
         """The candidate as the LLM reads it; the tool's example requests (if the index has them) come as earlier
         requests of the same form, value-masked like the request that is scored after them."""
         desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)
-        shots = "".join(f"{self.CUE} {self.scored_text(q)}\n" for q in entry.examples)
+        shots = "".join(f"{self.CUE} {self.scored_text(q)}\n" for q in entry.examples[:self.PREFIX_EXAMPLES])
         return (f"Tool: {textgen.readable_name(entry.name)} ({entry.name}), server {entry.server}\n"
                 f"Description: {desc}\n{shots}{self.CUE}")
 

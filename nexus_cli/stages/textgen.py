@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 # ------------------------------------------------------------------------------------------------ name handling
 
@@ -263,12 +263,15 @@ def lex_tokens(text: str) -> list[str]:
     return out
 
 
-def lexical_doc(tool, name_weight: int = 3) -> list[str]:
-    """Tokens of one tool for BM25: the name (repeated: it carries the routing signal), description, parameters."""
+def lexical_doc(tool, name_weight: int = 3, examples: Sequence[str] = ()) -> list[str]:
+    """Tokens of one tool for BM25: the name (repeated: it carries the routing signal), description, parameters, and
+    the words of its example requests, value-masked (users' words for the tool, which its author's text lacks)."""
     req, opt = param_names(tool.input_schema, 12)
     toks = lex_tokens(tool.name) * name_weight
     toks += lex_tokens(truncate_words(clean_description(tool.description), 80))
     toks += lex_tokens(" ".join(req + opt))
+    for q in examples:
+        toks += lex_tokens(mask_values(q))
     return toks
 
 

@@ -313,7 +313,7 @@ def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[fl
 
 
 def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,
-                      lr: float = 3e-5, time_budget_s: float = 300.0, progress=None, seed: int = TRAIN_SEED,
+                      lr: float = 3e-5, time_budget_s: float = 1800.0, progress=None, seed: int = TRAIN_SEED,
                       examples: Sequence[Sequence[str]] | None = None) -> dict:
     """Fine-tune the bi-encoder on (request, tool doc text, hard negative doc) triples.
 

@@ -328,7 +328,6 @@ def test_example_requests_become_vectors_of_their_tool(tmp_path, embedder, forge
     assert dense[merge] < 0.9
 
 
-
 def test_example_requests_join_their_tools_bm25_document(tmp_path, embedder, forge_tools):
     """The words of a tool's examples (value-masked, capped like the vectors) are BM25 words of that tool."""
     cap = index_stage.EXAMPLES_PER_TOOL
@@ -345,6 +344,7 @@ def test_example_requests_join_their_tools_bm25_document(tmp_path, embedder, for
     plain = tmp_path / "plain-idx"
     index_stage.build_index(forge_tools, plain, embedder=embedder)
     assert not index_stage.load_index(plain).bm25.scores(textgen.lex_tokens("kumquat")).any()
+
 
 def test_cli_index_bad_examples_file(tmp_path):
     bad = tmp_path / "ex.jsonl"

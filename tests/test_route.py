@@ -337,8 +337,9 @@ def test_likelihood_reranker_reads_a_tools_example_requests(tmp_path, embedder):
     assert text.endswith(f"{cue} squash text into main once checks pass\n{cue} ship PR number\n{cue}")
     plain = replace(merge, examples=[])
     assert rr.prefix_text(plain).endswith(f"\n{cue}") and "ship PR" not in rr.prefix_text(plain)
-    crowded = replace(merge, examples=[f"merge request {chr(97 + i)}" for i in range(LikelihoodReranker.PREFIX_EXAMPLES + 3)])
-    assert rr.prefix_text(crowded).count(cue) == LikelihoodReranker.PREFIX_EXAMPLES + 1  # only the first few
+    shown = LikelihoodReranker.PREFIX_EXAMPLES
+    crowded = replace(merge, examples=[f"merge request {chr(97 + i)}" for i in range(shown + 3)])
+    assert rr.prefix_text(crowded).count(cue) == shown + 1  # only the first few, then the scored request's cue
     query = "squash 'bump deps' into main once checks pass"
     with_examples = rr.log_likelihoods(rr.scored_text(query), [merge])[0]
     without = LikelihoodReranker(ctx).log_likelihoods(rr.scored_text(query), [plain])[0]

@@ -56,11 +56,11 @@ DUPLICATE_COSINE = 0.99
 DEFAULT_VALUE_MASKING = True
 # Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
 # exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked. 4: example requests
-# join their tool's BM25 document.
-BUILD_REVISION = 4
+# join their tool's BM25 document. 5: twelve examples per tool.
+BUILD_REVISION = 5
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
-EXAMPLES_PER_TOOL = 8
+EXAMPLES_PER_TOOL = 12
 
 
 # ================================================================================================ SLB file

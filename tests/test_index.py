@@ -381,3 +381,17 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
         assert pos == docs[gold[q]] and neg != pos and neg in docs.values()
     tuned = Embedder(str(tmp_path / "ft"))  # a loadable sentence-transformers folder
     assert tuned.encode_one("squash it into main").shape == (384,)
+
+    # the folder records how it was trained, so an index built later with it as `--embedder` knows that its
+    # embedder was fine-tuned on example requests, and the router's `auto` reranker stays off there
+    from nexus_cli.stages.route import Router, RouterConfig
+
+    assert json.loads((tmp_path / "ft" / rerank.FINETUNE_RECORD).read_text())["on_examples"] is True
+    out = tmp_path / "tuned-index"
+    index_stage.build_index(forge_tools, out, embedder=tuned, embedder_name=str(tmp_path / "ft"))
+    assert index_stage.load_index(out).manifest["embedder"]["examples_finetuned"] is True
+    assert Router(out, RouterConfig(), embedder=tuned).reranker_name == "none"
+    stock = tmp_path / "stock-index"
+    index_stage.build_index(forge_tools, stock, embedder=embedder)
+    assert index_stage.load_index(stock).manifest["embedder"]["examples_finetuned"] is False
+    assert Router(stock, RouterConfig(model="smollm2-135m"), embedder=embedder).reranker_name == "likelihood"

@@ -21,7 +21,7 @@ def index_command(
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
-    finetune_budget: float = typer.Option(1800.0, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap: one epoch over 8 examples for each of 955 tools took 17 min on 2 cores)."),
+    finetune_budget: float = typer.Option(3600.0, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap: one epoch over 12 examples for each of 955 tools took 29 min on 2 cores)."),
     train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),

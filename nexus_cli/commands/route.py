@@ -63,7 +63,8 @@ def route_command(
     model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM for arguments (and the llm / likelihood rerankers)."),
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
-    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any, else likelihood), likelihood (LLM query likelihood), cross, llm, none."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any; none when its embedder was fine-tuned on "
+                                 "example requests; else likelihood), likelihood (LLM query likelihood), cross, llm, none."),
     rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 10 for cross and llm)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     # --- serving (owner: serving engineer; stages/session.py) ---

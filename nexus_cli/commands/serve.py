@@ -13,7 +13,8 @@ def serve_command(
     model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM that generates arguments."),
     no_args: bool = typer.Option(False, "--no-args", help="Route only: return no arguments (no LLM is loaded)."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates returned per request."),
-    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any, else likelihood), likelihood, cross, llm, none."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any; none when its embedder was fine-tuned on "
+                                 "example requests; else likelihood), likelihood, cross, llm, none."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the models."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Bit-reproducible arguments: every request prefills cold instead of reusing warm prefixes of other requests."),
 ) -> None:

@@ -690,6 +690,11 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                           value_masking=value_masking)
     report_progress("calibrating", 1, 1)
     secs["calibrate"] = time.perf_counter() - t0
+    # fine-tuned on example requests, in this build or before (an --embedder folder a fine-tuning wrote): the
+    # router's `auto` reranker then stays off (docs/routing.md, "Example requests")
+    from .rerank import finetune_record
+
+    examples_finetuned = bool((finetune_record(getattr(embedder, "path", None)) or {}).get("on_examples"))
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -732,6 +737,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
             "n_servers": len(servers),
             "embedder": {"name": embedder_name, "dim": int(vecs.shape[1]), "normalized": True,
                          "finetuned": ft_info, "path": "embedder" if ft_info else None,
+                         "examples_finetuned": examples_finetuned,
                          "prompts": dict(getattr(embedder, "prompts", None) or {})},
             "recipe": {
                 "name": recipe,

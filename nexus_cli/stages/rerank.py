@@ -15,6 +15,7 @@ parameters, synthetic argument values), seeded.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -23,12 +24,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import NexusError
+from ..results import atomic_write_json
 from . import textgen
 
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
 # decoded once per candidate): over the top 5 it reached the same top-1 as over the top 10 at half the cost, and
 # scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5 (docs/routing.md).
 RERANK_K = {"likelihood": 4, "cross": 10, "llm": 10}
+
+# Written into a fine-tuned embedder's folder: how it was trained (finetune_embedder's record).
+FINETUNE_RECORD = "nexus-finetune.json"
 
 TRAIN_SEED = 7  # differs from the gate calibration seed, so the gate's probes are not the training queries
 
@@ -312,8 +317,19 @@ def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[fl
     return out
 
 
+def finetune_record(model_dir) -> dict | None:
+    """The record finetune_embedder left in a model folder, or None (a stock model, an unreadable record)."""
+    if not model_dir:
+        return None
+    try:
+        rec = json.loads((Path(model_dir) / FINETUNE_RECORD).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,
-                      lr: float = 3e-5, time_budget_s: float = 1800.0, progress=None, seed: int = TRAIN_SEED,
+                      lr: float = 3e-5, time_budget_s: float = 3600.0, progress=None, seed: int = TRAIN_SEED,
                       examples: Sequence[Sequence[str]] | None = None) -> dict:
     """Fine-tune the bi-encoder on (request, tool doc text, hard negative doc) triples.
 
@@ -347,7 +363,10 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
     cb = (lambda s, n: progress("fine-tuning embedder", s, n)) if progress else None
     log = finetune_biencoder(embedder.path, triples, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
                              time_budget_s=time_budget_s, seed=seed, callback=cb)
-    return {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
-            "mining_seconds": round(mined_s, 1), "train": log, "seed": seed,
+    info = {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
+            "mining_seconds": round(mined_s, 1), "train": log, "seed": seed, "on_examples": examples is not None,
             "data": "example requests (nexus index --examples)" if examples is not None
                     else "textgen.training_queries (registry only)"}
+    # the record travels with the model folder, so an index built later with `--embedder THAT_FOLDER` knows it too
+    atomic_write_json(Path(out_dir) / FINETUNE_RECORD, info)
+    return info

@@ -59,7 +59,8 @@ def main() -> int:
     rows = queries_for(args.set)
     emb = Embedder("minilm")
     k_max = max(CONFIGS[c]["rerank_k"] for c in args.configs)
-    llm = LlamaContext(LlamaModel(args.model), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k_max)
+    llm = LlamaContext(LlamaModel(args.model), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k_max,
+                       flash_attn=True)  # as the Router's own context
     results = []
     load_start = os.getloadavg()
     for name in args.configs:

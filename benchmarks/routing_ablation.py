@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nexus_cli.registry import load_registries  # noqa: E402
+from nexus_cli.stages.bench_routing import gold_keys  # noqa: E402
 from nexus_cli.stages.index import build_index, load_index  # noqa: E402
 from nexus_cli.stages.route import Router, RouterConfig  # noqa: E402
 
@@ -102,9 +103,9 @@ def evaluate(router: Router, rows: list[dict], rerank) -> dict:
         top1 += got[0] == gold
         top3 += gold in got[:3]
         top10 += gold in got[:10]
-        ok = {gold} | {(a["server"], a["tool"]) for a in r.get("acceptable", [])}
-        top1_ok += got[0] in ok
-        top3_ok += any(g in ok for g in got[:3])
+        ok = gold_keys(r)  # gold or a listed acceptable alternative, as `nexus bench routing` scores
+        top1_ok += f"{got[0][0]}/{got[0][1]}" in ok
+        top3_ok += any(f"{s}/{t}" in ok for s, t in got[:3])
         lat_route.append(res.timings_ms["embed"] + res.timings_ms["scan"])
         if res.gate["escalated"]:
             esc += 1

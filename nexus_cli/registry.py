@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from .errors import FormatError
 
@@ -153,6 +153,40 @@ def load_registries(paths: Iterable[str | Path]) -> list[Tool]:
     if not tools:
         raise FormatError("the registry holds no tools")
     return tools
+
+
+# Schema keywords that document a parameter without changing what it accepts from a request.
+_DOC_KEYWORDS = frozenset({"description", "title", "$schema", "$comment", "examples", "default", "additionalProperties"})
+
+
+def _parameters_only(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _parameters_only(v) for k, v in schema.items() if k not in _DOC_KEYWORDS}
+    if isinstance(schema, list):
+        return [_parameters_only(v) for v in schema]
+    return schema
+
+
+def _identity(tool) -> str:
+    """What tells a tool apart for a request, its server aside: the name, the description (case and whitespace aside)
+    and the parameters (names, types, required, enums, nesting; their own documentation aside)."""
+    return json.dumps({"name": tool.name, "description": " ".join(str(tool.description or "").lower().split()),
+                       "parameters": _parameters_only(tool.input_schema)}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, default=str)
+
+
+def interchangeable_groups(tools: Sequence[Any]) -> list[list[int]]:
+    """Groups (two or more tool indices, in registry order) of the same tool served by several servers: equal name,
+    description and parameters (_identity). The shared registries hold 40 such groups (80 tools) (git and mcp-server-git, memory and
+    Knowledge Graph Memory Server, ...). Nothing in a request can prefer one member over another short of naming the
+    server, so the gate measures its margin against the best tool that is *not* interchangeable with the top one,
+    and benchmarks report accuracy with and without counting an interchangeable pick as right.
+
+    Works on anything with .name, .description and .input_schema (registry Tools, index entries)."""
+    by_identity: dict[str, list[int]] = {}
+    for i, t in enumerate(tools):
+        by_identity.setdefault(_identity(t), []).append(i)
+    return [g for g in by_identity.values() if len(g) > 1]
 
 
 MAX_EXAMPLE_BYTES = 16 * 1024 * 1024

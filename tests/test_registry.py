@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nexus_cli.errors import FormatError
-from nexus_cli.registry import load_registries
+from nexus_cli.registry import interchangeable_groups, load_registries
 
 
 def write(tmp_path, name, content: bytes | str):
@@ -70,3 +70,36 @@ def test_duplicate_across_files_of_the_same_server(tmp_path):
     b = write(tmp_path, "b.json", json.dumps({"server": "s", "tools": [{"name": "t"}]}))
     with pytest.raises(FormatError, match="duplicate tool 's/t'"):
         load_registries([a, b])
+
+
+def test_interchangeable_groups_are_the_same_tool_on_several_servers(tmp_path):
+    schema = {"type": "object", "properties": {"path": {"type": "string", "description": "Where"}},
+              "required": ["path"]}
+    documented_otherwise = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"path": {"type": "string", "description": "The file's path"}},
+                            "required": ["path"]}
+    files = {
+        "a.json": [{"name": "read", "description": "Read a file.", "inputSchema": schema},
+                   {"name": "stat", "description": "File info.", "inputSchema": schema}],
+        # the same tools: parameter docs, $schema and additionalProperties differ, whitespace and case too
+        "b.json": [{"name": "read", "description": "read a   file.", "inputSchema": documented_otherwise},
+                   {"name": "stat", "description": "File info, sizes included.", "inputSchema": schema}],
+        # same name and description, but a parameter of another type: a request can tell them apart
+        "c.json": [{"name": "read", "description": "Read a file.",
+                    "inputSchema": {"type": "object", "properties": {"path": {"type": "array"}}, "required": ["path"]}}],
+    }
+    paths = [write(tmp_path, n, json.dumps({"tools": t})) for n, t in files.items()]
+    tools = load_registries(paths)
+    groups = interchangeable_groups(tools)
+    assert [[tools[i].key for i in g] for g in groups] == [["a/read", "b/read"]]
+
+
+def test_the_shared_registries_hold_interchangeable_generations(shared_registries):
+    tools = load_registries([shared_registries])
+    keys = [{tools[i].key for i in g} for g in interchangeable_groups(tools)]
+    assert {"git/git_status", "mcp-server-git: A git MCP server/git_status"} in keys
+    assert {"memory/create_entities", "Knowledge Graph Memory Server/create_entities"} in keys
+    # Desktop Commander's read_multiple_files has the name and parameters of the reference server's, not its text
+    assert not any("filesystem/read_multiple_files" in g for g in keys)
+    assert len(keys) == 40

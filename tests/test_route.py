@@ -369,3 +369,28 @@ def test_auto_reranker_is_the_likelihood_reranker(forge_dir, embedder):
     assert [c["rerank_score"] for c in d["candidates"][:4]] == sorted((c["rerank_score"] for c in d["candidates"][:4]),
                                                                      reverse=True)
     assert plain.reranker is None
+
+
+def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder):
+    # a second server that serves forge's create_pull_request unchanged (and nothing else)
+    forge = json.loads(FORGE.read_text())
+    twin = next(t for t in forge["tools"] if t["name"] == "create_pull_request")
+    mirror = tmp_path / "mirror.json"
+    mirror.write_text(json.dumps({"server": "forge-mirror", "tools": [twin]}))
+    out = tmp_path / "idx"
+    index_stage.build_index(load_registries([FORGE, mirror]), out, embedder=embedder)
+    r = Router(out, RouterConfig(reranker="none", top_k=5), embedder=embedder)
+    res = r.route("open a pull request from feature/login into main", with_args=False)
+    assert res.tool == "create_pull_request"
+    names = [(c.server, c.tool) for c in res.candidates]
+    other = "forge-mirror" if res.server == "forge" else "forge"
+    assert (other, "create_pull_request") in names[:2]  # the twin scores (almost) the same
+    assert res.interchangeable == [{"server": other, "tool": "create_pull_request"}]
+    rival = next(c for c in res.candidates if c.tool != "create_pull_request")
+    # the margin is over the best tool that is not the same tool again
+    assert res.gate["margin"] == pytest.approx(res.candidates[0].score - rival.score, abs=1e-4)
+    twin_gap = res.candidates[0].score - next(c.score for c in res.candidates[1:] if c.tool == "create_pull_request")
+    assert twin_gap < 1e-3 < res.gate["margin"]  # top-1/top-2 over the twins would say "ambiguous"
+    plain = r.route("list the commits on the main branch of acme/api", with_args=False)
+    assert plain.interchangeable == []
+    assert plain.as_json()["interchangeable"] == []

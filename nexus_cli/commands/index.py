@@ -17,7 +17,7 @@ def index_command(
     recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
-    examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 8 become extra vectors and BM25 words, its first 4 join the reranker's prompt (repeatable)."),
+    examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 12 become extra vectors and BM25 words, its first 4 join the reranker's prompt (repeatable)."),
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),

@@ -125,8 +125,9 @@ def _render(query: str, res, with_args: bool) -> None:
 
     head = Text.assemble(("→ ", "bold"), (f"{res.server}/", "dim"), (res.tool, "bold green"))
     gate = res.gate
+    margin = "none (no rival tool)" if gate["margin"] is None else f"{gate['margin']:.4f}"
     gate_line = Text(
-        f"gate: margin {gate['margin']:.4f} {'<' if gate['escalated'] else '≥'} τ {gate['tau']:.4f} → "
+        f"gate: margin {margin} {'<' if gate['escalated'] else '≥'} τ {gate['tau']:.4f} → "
         + ((f"escalated to the {res.reranker} reranker" if res.reranker else "below τ, but no reranker is configured")
            if gate["escalated"] else "auto-routed"),
         style="yellow" if gate["escalated"] else "cyan",
@@ -145,6 +146,8 @@ def _render(query: str, res, with_args: bool) -> None:
             cells.append("—" if c.rerank_score is None else f"{c.rerank_score:.4f}")
         table.add_row(*cells, style=style)
     parts = [Text(f"request: {query}", style="italic"), head, gate_line, table, Text(f"signature: {res.signature}")]
+    if res.interchangeable:
+        parts.append(Text("the same tool on: " + ", ".join(t["server"] for t in res.interchangeable), style="dim"))
     if with_args:
         if res.arguments is not None:
             parts.append(Text("arguments: " + json.dumps(res.arguments, ensure_ascii=False), style="bold"))

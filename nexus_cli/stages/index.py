@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import FormatError, NexusError
-from ..registry import Tool
+from ..registry import Tool, interchangeable_groups
 from . import textgen
 
 INDEX_FORMAT_VERSION = 1
@@ -56,8 +56,9 @@ DUPLICATE_COSINE = 0.99
 DEFAULT_VALUE_MASKING = True
 # Bumped whenever the same tools would give a different index (caches of built indexes key on it). 2: τ leaves out
 # exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked. 4: example requests
-# join their tool's BM25 document. 5: twelve examples per tool.
-BUILD_REVISION = 5
+# join their tool's BM25 document. 5: twelve examples per tool. 6: the gate's margin leaves out interchangeable tools
+# (the same tool on another server, registry.interchangeable_groups).
+BUILD_REVISION = 6
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
 EXAMPLES_PER_TOOL = 12
@@ -235,6 +236,13 @@ class Index:
     tools: list[ToolEntry]
     bm25: BM25 | None
     adapter: np.ndarray | None = None  # query-side linear map W [dim, dim] (adapter.npy), or None
+    _twins: dict[int, tuple[int, ...]] | None = field(default=None, repr=False)
+
+    def interchangeable(self, i: int) -> tuple[int, ...]:
+        """The other tools that are the same tool on another server (registry.interchangeable_groups), or ()."""
+        if self._twins is None:
+            self._twins = {m: tuple(x for x in g if x != m) for g in interchangeable_groups(self.tools) for m in g}
+        return self._twins.get(int(i), ())
 
     def query_vector(self, v: np.ndarray) -> np.ndarray:
         return apply_adapter(self.adapter, v)
@@ -451,6 +459,16 @@ def match_examples(tools: Sequence[Tool], examples: dict[str, list[str]] | None)
                       "unmatched_sample": unmatched[:5]}
 
 
+def gate_margin(scores: np.ndarray, top: int, twins: Sequence[int] = ()) -> float:
+    """The gate's margin: the top tool's score minus the best score of a tool that is neither it nor interchangeable
+    with it (the same tool on another server: their score difference says nothing about ambiguity). inf when there
+    is no such tool."""
+    rest = np.array(scores, dtype=np.float64, copy=True)
+    rest[[int(top), *[int(t) for t in twins]]] = -np.inf
+    best_other = float(rest.max()) if len(rest) else -np.inf
+    return float(scores[top]) - best_other if np.isfinite(best_other) else float("inf")
+
+
 def adversarial_pairs(doc_vecs: np.ndarray, closer_fraction: float = 0.5,
                       duplicate_cosine: float = DUPLICATE_COSINE) -> list[tuple[int, int]]:
     """Near-neighbour tool pairs: each tool with its nearest neighbour (cosine of the main vectors), kept when that
@@ -482,6 +500,7 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
     plus the fire rate over probes of every tool (what a registry-wide mix of requests would see)."""
     rng = random.Random(seed)
     pairs = adversarial_pairs(doc_vecs)
+    twins = {m: [x for x in g if x != m] for g in interchangeable_groups(tools) for m in g}
     in_pair = sorted({i for p in pairs for i in p})
     probe_tool, probes = [], []
     for i in range(len(tools)):
@@ -498,18 +517,14 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
     hits = np.zeros(len(probes), dtype=bool)
     for j in range(len(probes)):
         s, _ = request_scores(slb, bm25, lex_weight, texts[j], [qv[row[t]] for t in texts[j]])
-        if len(s) >= 2:
-            top2 = np.argpartition(-s, 1)[:2]
-            a, b = sorted(s[top2], reverse=True)
-            margins[j] = a - b
-            hits[j] = int(np.argmax(s)) == probe_tool[j]
-        else:
-            margins[j] = float("inf")
-            hits[j] = True
+        top = int(np.argmax(s))
+        margins[j] = gate_margin(s, top, twins.get(top, ()))  # as the router measures it
+        hits[j] = top == probe_tool[j] or top in twins.get(probe_tool[j], ())
     pt = np.asarray(probe_tool)
     adv = np.isin(pt, in_pair)
     adv_m = margins[adv] if adv.any() else margins
-    tau = float(np.percentile(adv_m, percentile)) if np.isfinite(adv_m).any() else 0.0
+    finite_m = adv_m[np.isfinite(adv_m)]  # inf: a probe whose tool has no rival but its own twins
+    tau = float(np.percentile(finite_m, percentile)) if len(finite_m) else 0.0
     return {
         "tau": tau,
         "percentile": percentile,

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ModelError, NexusError
-from .index import Index, load_index, request_scores, request_texts
+from .index import Index, gate_margin, load_index, request_scores, request_texts
 from .rerank import RERANK_K
 
 RERANKERS = ("auto", "none", "cross", "llm", "likelihood")
@@ -56,6 +56,8 @@ class RouteResult:
     reranker: str | None = None
     args_error: str | None = None
     id: Any = None
+    # the same tool on other servers (equal name, description and parameters): the request cannot prefer one of them
+    interchangeable: list[dict] = field(default_factory=list)
 
     def as_json(self) -> dict:
         d = {
@@ -66,6 +68,7 @@ class RouteResult:
             "gate": self.gate,
             "signature": self.signature,
             "timings_ms": self.timings_ms,
+            "interchangeable": self.interchangeable,
         }
         if self.reranker is not None:
             d["reranker"] = self.reranker
@@ -226,7 +229,7 @@ class Router:
         scores, tm = self.retrieve(query, history)
         k = max(self.config.top_k, self.rerank_k)
         order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
-        margin = float(scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")
+        margin = gate_margin(scores, int(order[0]), self.index.interchangeable(int(order[0])))
         escalate = margin < self.tau if self.config.use_gate else True
         do_rerank = (escalate if rerank is None else rerank) and self._reranker_name != "none" and len(order) > 1
         t_r = time.perf_counter()
@@ -241,6 +244,7 @@ class Router:
         tm["rerank"] = (time.perf_counter() - t_r) * 1e3
         best = ranked[0]
         entry = self.index.tools[best]
+        twins = [self.index.tools[i] for i in self.index.interchangeable(best)]
         cands = [Candidate(server=self.index.tools[i].server, tool=self.index.tools[i].name,
                            score=round(float(scores[i]), 6),
                            rerank_score=round(rerank_scores[i], 6) if i in rerank_scores else None)
@@ -254,9 +258,12 @@ class Router:
         timings = {k2: round(tm[k2], 3) for k2 in ("embed", "scan", "rerank", "args", "total")}
         return RouteResult(
             tool=entry.name, server=entry.server, arguments=args, candidates=cands,
-            gate={"margin": round(margin, 6), "tau": round(self.tau, 6), "escalated": bool(escalate)},
+            # margin null: no other tool to compare with (strict JSON has no Infinity)
+            gate={"margin": round(margin, 6) if np.isfinite(margin) else None, "tau": round(self.tau, 6),
+                  "escalated": bool(escalate)},
             signature=entry.signature, timings_ms=timings,
             reranker=self._reranker_name if do_rerank else None, args_error=args_err,
+            interchangeable=[{"server": t.server, "tool": t.name} for t in twins],
         )
 
     # ------------------------------------------------------------------------------------------- arguments

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nexus_cli.registry import load_registries  # noqa: E402
-from nexus_cli.stages.bench_routing import gold_keys  # noqa: E402
+from nexus_cli.stages.bench_routing import gold_keys, with_interchangeable  # noqa: E402
 from nexus_cli.stages.index import build_index, load_index  # noqa: E402
 from nexus_cli.stages.route import Router, RouterConfig  # noqa: E402
 
@@ -91,7 +91,7 @@ def queries_for(set_name: str) -> list[dict]:
 
 
 def evaluate(router: Router, rows: list[dict], rerank) -> dict:
-    top1 = top3 = top10 = top1_ok = top3_ok = 0
+    top1 = top3 = top10 = top1_ok = top3_ok = top1_same = top3_same = 0
     lat_route, lat_rerank, esc = [], [], 0
     keys = [(t.server, t.name) for t in router.index.tools]
     cfg_k = router.config.top_k
@@ -106,6 +106,9 @@ def evaluate(router: Router, rows: list[dict], rerank) -> dict:
         ok = gold_keys(r)  # gold or a listed acceptable alternative, as `nexus bench routing` scores
         top1_ok += f"{got[0][0]}/{got[0][1]}" in ok
         top3_ok += any(f"{s}/{t}" in ok for s, t in got[:3])
+        same = with_interchangeable({f"{r['server']}/{r['tool']}"}, router.index)  # gold or the same tool elsewhere
+        top1_same += f"{got[0][0]}/{got[0][1]}" in same
+        top3_same += any(f"{s}/{t}" in same for s, t in got[:3])
         lat_route.append(res.timings_ms["embed"] + res.timings_ms["scan"])
         if res.gate["escalated"]:
             esc += 1
@@ -116,6 +119,7 @@ def evaluate(router: Router, rows: list[dict], rerank) -> dict:
     return {
         "n": n, "top1": top1 / n, "top3": top3 / n, "top10": top10 / n, "escalated": esc / n,
         "top1_acceptable": top1_ok / n, "top3_acceptable": top3_ok / n,
+        "top1_interchangeable": top1_same / n, "top3_interchangeable": top3_same / n,
         "median_embed_scan_ms": statistics.median(lat_route),
         "median_total_when_reranked_ms": statistics.median(lat_rerank) if lat_rerank else None,
         "n_reranked": len(lat_rerank),

@@ -20,7 +20,7 @@ def command(
     oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Run the concatenate-all-schemas oracle where it fits."),
     oracle_ctx: int = typer.Option(8192, "--oracle-ctx", help="Context of the oracle (tokens); larger prompts overflow."),
     oracle_max_queries: int = typer.Option(100, "--oracle-max-queries", help="Oracle on whole groups until this many queries (0: all)."),
-    reranker: str = typer.Option("likelihood", "--reranker", help="likelihood (the product default: LLM query likelihood on escalation), none, cross (trained once on ALL, shared) or llm."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the product default, as nexus route picks per index: likelihood on escalation, none for an embedder fine-tuned on example requests), likelihood, none, cross (trained once on ALL, shared) or llm."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s)."),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N queries."),
     seed: int = typer.Option(0, "--seed", help="Seed of the distractor draws and the bootstrap."),
@@ -50,7 +50,7 @@ def render(doc: dict, console) -> None:
     p = doc["params"]
     t = Table(title=f"Routing accuracy vs registry size (Fig. 5 / Table IV) · {p['n_queries']} queries · pool {p['pool_tools']} tools",
               title_justify="left")
-    for col in ("N", "registries", "accuracy % [95% CI]", "paper", "no reranker", "lift pp", "retriever top-1/top-3 %",
+    for col in ("N", "registries", "accuracy % [95% CI]", "+ interchangeable %", "paper", "no reranker", "lift pp", "retriever top-1/top-3 %",
                 "SLB top-1/top-3 %", "τ", "fire %", "scan in-situ µs", "scan native µs", "oracle"):
         t.add_column(col, justify="right")
     for r in s["rows"]:
@@ -63,6 +63,7 @@ def render(doc: dict, console) -> None:
             otxt = f"overflow ({o['prompt_tokens_max']} tok > {o['context']})"
         t.add_row(
             r["size"], str(r["registries"]), fmt_pct(r["accuracy"]),
+            f"{r['accuracy_interchangeable']['value'] * 100:.1f}" if r.get("accuracy_interchangeable") else "—",
             f"{r['paper_accuracy'] * 100:.0f}" if r.get("paper_accuracy") else "—",
             f"{r['accuracy_no_rerank']['value'] * 100:.1f}", f"{r['reranker_lift_pp']:+.1f}",
             f"{r['retriever_top1']['value'] * 100:.1f} / {r['retriever_top3']['value'] * 100:.1f}",

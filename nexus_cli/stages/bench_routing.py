@@ -13,8 +13,11 @@ top-3 recall (SLB + BM25 fusion, before any reranking) and the dense SLB alone; 
 time in situ (one ctypes call of the native top-k from Python: FFI included) and natively (timed inside libnexus,
 `kernels.slb_topk_timed`). A decision is correct when (server, tool) is the gold one or one listed as acceptable.
 
-The default is the product's: the likelihood reranker on escalation (the LLM's query likelihood fused with the
-retriever's ranks, docs/routing.md); `--reranker none` measures the retriever and gate alone. With `--reranker cross` a
+The default is the product's (`auto`, as `nexus route` chooses per index): the likelihood reranker on escalation
+(the LLM's query likelihood fused with the retriever's ranks, docs/routing.md), none for an index whose embedder was
+fine-tuned on example requests (`--embedder FOLDER` of such a model); `--reranker none` measures the retriever and
+gate alone. A decision also counts as right "+ interchangeable" when it picks the same tool on another server
+(`with_interchangeable`). With `--reranker cross` a
 cross-encoder is trained once, on the ALL registry (registry text only: textgen training queries, SLB confusions as
 negatives, never evaluation data), cached, and shared by every size's index; its training log is recorded in the
 results' parameters (a budget that buys only a few steps leaves a random head).
@@ -72,6 +75,17 @@ def gold_keys(q: dict) -> set[str]:
     for a in q.get("acceptable") or []:
         keys.add(f"{a['server']}/{a['tool']}")
     return keys
+
+
+def with_interchangeable(keys: set[str], index) -> set[str]:
+    """keys plus, for each of them in the index, the same tool on the other servers (registry.interchangeable_groups):
+    a second, looser scoring beside the strict one, since no request can prefer one copy of the same tool."""
+    pos = {t.key: i for i, t in enumerate(index.tools)}
+    out = set(keys)
+    for k in keys:
+        if k in pos:
+            out.update(index.tools[j].key for j in index.interchangeable(pos[k]))
+    return out
 
 
 def pool_tools(registry_dir: Path, set_name: str = "all"):
@@ -242,7 +256,7 @@ def run(
     oracle: bool = True,
     oracle_ctx: int = 8192,
     oracle_max_queries: int | None = 100,
-    reranker: str = "likelihood",
+    reranker: str = "auto",
     reranker_budget: float = 300.0,
     max_queries: int | None = None,
     seed: int = 0,
@@ -291,7 +305,7 @@ def run(
             label = "ALL" if size is None else str(size)
             per_q = []
             taus, fires_calib, oracle_rows, oracle_tokens = [], [], [], []
-            native_ns, reg_sizes = [], []
+            native_ns, reg_sizes, rerankers_used = [], [], set()
             oracle_fits = False
             if orc is not None:
                 for qi, reg in plans[size]:
@@ -304,6 +318,7 @@ def run(
                                 llm=shared_llm)
                 shared_llm = router._llm  # one LLM context for every size and group (loaded once)
                 taus.append(router.tau)
+                rerankers_used.add(router.reranker_name)
                 fires_calib.append(router.index.manifest["gate"].get("fire_rate"))
                 reg_sizes.append(len(reg))
                 keys = [t.key for t in router.index.tools]
@@ -331,6 +346,8 @@ def run(
                         "id": q.get("id"), "set": q.get("set"), "gold": f"{q['server']}/{q['tool']}",
                         "choice": f"{r_gate.server}/{r_gate.tool}",
                         "correct": f"{r_gate.server}/{r_gate.tool}" in gold,
+                        "correct_interchangeable": f"{r_gate.server}/{r_gate.tool}" in with_interchangeable(
+                            gold, router.index),
                         "correct_no_rerank": f"{r_off.server}/{r_off.tool}" in gold,
                         "correct_always_rerank": f"{r_on.server}/{r_on.tool}" in gold,
                         "escalated": bool(r_gate.gate["escalated"]), "margin": r_gate.gate["margin"],
@@ -354,6 +371,8 @@ def run(
                 "size": label, "n_queries": n, "registries": len(plans[size]),
                 "registry_tools": int(np.median(reg_sizes)),
                 "accuracy": stats.wilson(k_ok, n),
+                # an interchangeable pick (the same tool on another server) counted as right too
+                "accuracy_interchangeable": stats.wilson(sum(p["correct_interchangeable"] for p in per_q), n),
                 "accuracy_no_rerank": stats.wilson(sum(p["correct_no_rerank"] for p in per_q), n),
                 "accuracy_always_rerank": stats.wilson(sum(p["correct_always_rerank"] for p in per_q), n),
                 "reranker_lift_pp": 100.0 * (k_ok - sum(p["correct_no_rerank"] for p in per_q)) / n if n else None,
@@ -361,6 +380,7 @@ def run(
                 "retriever_top3": stats.wilson(sum(p["retr_top3"] for p in per_q), n),
                 "slb_top1": stats.wilson(sum(p["slb_top1"] for p in per_q), n),
                 "slb_top3": stats.wilson(sum(p["slb_top3"] for p in per_q), n),
+                "reranker": ",".join(sorted(rerankers_used)),  # what `auto` chose for these indexes
                 "tau_median": float(np.median(taus)),
                 "fire_rate": stats.wilson(sum(p["escalated"] for p in per_q), n),
                 "fire_rate_calibration": float(np.median([f for f in fires_calib if f is not None])) if any(f is not None for f in fires_calib) else None,

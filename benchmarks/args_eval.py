@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     if a.max_cases:
         cases = cases[: a.max_cases]
     model = load_model(a.model)
-    ctx = LlamaContext(model, n_ctx=4096, n_seq_max=1, n_threads=a.threads)
+    # flash attention, as the Router's context (stages/route.py) runs the arguments stage
+    ctx = LlamaContext(model, n_ctx=4096, n_seq_max=1, n_threads=a.threads, flash_attn=True)
 
     # signature length over the whole registry, in this model's tokens
     specs = [compile_tool(t) for t in tools]

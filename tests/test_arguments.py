@@ -258,6 +258,28 @@ def test_convert_units_only_when_the_field_states_a_unit_the_request_does_not_us
     assert convert_units({"lookbackSeconds": 1}, schema, "1 ms") == {"lookbackSeconds": 1}
 
 
+def test_named_enum_member_replaces_an_unnamed_choice():
+    from nexus_cli.stages.arguments import named_enum_members
+
+    schema = {"properties": {"champion": {"type": "string", "enum": ["ANNIE", "LEE_SIN", "AHRI"]},
+                             "position": {"type": "string", "enum": ["TOP", "JUNGLE", "MID"]},
+                             "state": {"type": "string", "enum": ["open", "closed", "all"]},
+                             "kind": {"type": "string", "enum": ["pullRequest", "issue"]},
+                             "note": {"type": "string"}}}
+    notes: list[str] = []
+    out = named_enum_members({"champion": "ANNIE", "position": "TOP", "state": "open", "kind": "issue", "note": "x"},
+                             schema, "How does Lee Sin do in the jungle? Only the open pull requests", notes)
+    # written as words (LEE_SIN, JUNGLE); `open` is named, so kept; `issue` is not, and one other member is named
+    assert out == {"champion": "LEE_SIN", "position": "JUNGLE", "state": "open", "kind": "pullRequest", "note": "x"}
+    assert len(notes) == 3
+    # the chosen member named, none named, or two others named: unchanged
+    assert named_enum_members({"champion": "ANNIE"}, schema, "Annie or Lee Sin?") == {"champion": "ANNIE"}
+    assert named_enum_members({"champion": "ANNIE"}, schema, "best champion?") == {"champion": "ANNIE"}
+    assert named_enum_members({"champion": "ANNIE"}, schema, "Ahri or Lee Sin?") == {"champion": "ANNIE"}
+    # whole words only: "topology" does not name TOP
+    assert named_enum_members({"position": "MID"}, schema, "topology") == {"position": "MID"}
+
+
 def test_enum_members_backed_by_a_stem_of_the_request():
     from nexus_cli.stages.arguments import enum_supported
 

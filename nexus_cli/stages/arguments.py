@@ -503,6 +503,42 @@ def _tight_grammar(spec: ToolSpec) -> str | None:
     return text
 
 
+def _phrase(value: str) -> str:
+    """An enum member as the words a request would write: LEE_SIN → "lee sin", pullRequest → "pull request"."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", value)
+    return " ".join(w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w)
+
+
+def _names(phrase: str, context: str) -> bool:
+    # whole words, a plural allowed ("pull requests" names pullRequest)
+    return bool(phrase) and re.search(rf"(?<![a-z0-9]){re.escape(phrase)}(?:e?s)?(?![a-z0-9])", context) is not None
+
+
+def named_enum_members(args: dict, schema: Any, context: str, fixed: list[str] | None = None) -> dict:
+    """A top-level string enum field whose chosen member the request does not name, while it names exactly one
+    other member (as words: "Lee Sin" names LEE_SIN, "jungle" names JUNGLE, "all of them" names `all`), gets that
+    member. A small model under an enum grammar often takes the first or a familiar member instead of the one the
+    user wrote. Nothing changes when the chosen member is named, or when none or several others are."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return args
+    ctx = " ".join(re.sub(r"[^a-z0-9]+", " ", context.lower()).split())
+    out = dict(args)
+    for k, v in args.items():
+        sub = props.get(k)
+        enum = sub.get("enum") if isinstance(sub, dict) else None
+        if not isinstance(v, str) or not isinstance(enum, list) or v not in enum:
+            continue
+        if _names(_phrase(v), ctx):
+            continue
+        named = [m for m in enum if isinstance(m, str) and m != v and _names(_phrase(m), ctx)]
+        if len(named) == 1:
+            out[k] = named[0]
+            if fixed is not None:
+                fixed.append(f"{k}: {v} -> {named[0]} (named in the request)")
+    return out
+
+
 def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[Any] | None = None,
                        max_tokens: int = DEFAULT_MAX_TOKENS, few_shot: bool = False, descriptions: bool = True,
                        post_process: bool = True, seq_id: int = 0) -> ArgsResult:
@@ -570,6 +606,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
         fixed: list[str] = []
         args = split_repository(args, spec.schema, context, fixed)
         args = convert_units(args, spec.schema, context, fixed)
+        args = named_enum_members(args, spec.schema, context, fixed)
         dropped += [f"repaired {r}" for r in fixed]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,

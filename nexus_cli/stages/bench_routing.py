@@ -134,10 +134,20 @@ def plan_registries(queries: list[dict], tools: list, size: int | None, seed: in
     return out
 
 
+def _embedder_key(embedder) -> str:
+    """The embedder's folder and its weights' size and mtime (a fine-tune rewritten in place changes them)."""
+    path = Path(getattr(embedder, "path", "") or "")
+    weights = [w for w in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")) if w.is_file()]
+    stamp = [(w.name, w.stat().st_size, int(w.stat().st_mtime)) for w in weights]
+    return json.dumps({"embedder": str(path.resolve()) if str(path) else getattr(embedder, "name", "?"),
+                       "weights": stamp})
+
+
 def _index_for(tools, embedder, reranker_dir: Path | None, examples: dict | None = None) -> Path:
     from .index import BUILD_REVISION, build_index, match_examples
 
     parts = sorted(t.content_hash() for t in tools)
+    parts.append(_embedder_key(embedder))  # a cached index is only as good as the model that embedded it
     if examples:  # the examples this registry uses are part of what the index is
         parts.append(json.dumps(match_examples(tools, examples)[0], ensure_ascii=False))
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

@@ -203,6 +203,7 @@ def test_cli_index_json(tmp_path):
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     assert rep["n_tools"] == 24 and rep["gate"]["tau"] > 0
+    assert rep["interchangeable"] == []  # one server: no copies
     assert (out / "manifest.json").is_file()
 
 

@@ -378,7 +378,8 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
     mirror = tmp_path / "mirror.json"
     mirror.write_text(json.dumps({"server": "forge-mirror", "tools": [twin]}))
     out = tmp_path / "idx"
-    index_stage.build_index(load_registries([FORGE, mirror]), out, embedder=embedder)
+    rep = index_stage.build_index(load_registries([FORGE, mirror]), out, embedder=embedder)
+    assert rep.interchangeable == [["forge/create_pull_request", "forge-mirror/create_pull_request"]]
     r = Router(out, RouterConfig(reranker="none", top_k=5), embedder=embedder)
     res = r.route("open a pull request from feature/login into main", with_args=False)
     assert res.tool == "create_pull_request"
@@ -394,3 +395,17 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
     plain = r.route("list the commits on the main branch of acme/api", with_args=False)
     assert plain.interchangeable == []
     assert plain.as_json()["interchangeable"] == []
+    # on escalation the reranker judges distinct tools; the copy follows its tool with the same score
+    seen = []
+
+    class Recording:
+        def score(self, query, entries, base):
+            seen.append([e.key for e in entries])
+            return [float(b) for b in base]
+
+    r._reranker_name, r._reranker, r.rerank_k, r.tau = "test", Recording(), 3, 10.0
+    res = r.route("open a pull request from feature/login into main", with_args=False)
+    assert len(seen[0]) == 3 and sum(k.endswith("/create_pull_request") for k in seen[0]) == 1
+    first, second = res.candidates[:2]
+    assert {first.server, second.server} == {"forge", "forge-mirror"} and first.tool == second.tool
+    assert first.rerank_score == second.rerank_score is not None

@@ -83,6 +83,10 @@ def index_command(
     if report.reranker:
         c.print(f"reranker: cross-encoder trained on {report.reranker['n_groups']} registry-derived groups "
                 f"in {report.reranker['train']['seconds']} s")
+    if report.interchangeable:
+        n = sum(len(g) for g in report.interchangeable)
+        c.print(f"interchangeable: {len(report.interchangeable)} tools served by several servers unchanged ({n} "
+                f"entries, e.g. {' = '.join(report.interchangeable[0])}); the gate does not count a copy as a rival")
     if report.problems:
         c.print(f"[yellow]{len(report.problems)} tools with schema notes[/] (see tools.json)")
     c.print(f"[dim]{report.seconds['total']:.1f} s[/]")

@@ -395,13 +395,14 @@ class BuildReport:
     reranker: dict | None = None
     finetuned: dict | None = None
     examples: dict | None = None
+    interchangeable: list[list[str]] = field(default_factory=list)  # groups of the same tool on several servers
 
     def as_json(self) -> dict:
         return {
             "out": str(self.out), "n_tools": self.n_tools, "n_vectors": self.n_vectors, "n_servers": self.n_servers,
             "dim": self.dim, "gate": {"tau": self.tau, "fire_rate": self.fire_rate},
             "seconds": self.seconds, "schema_problems": self.problems, "reranker": self.reranker,
-            "finetuned": self.finetuned, "examples": self.examples,
+            "finetuned": self.finetuned, "examples": self.examples, "interchangeable": self.interchangeable,
         }
 
 
@@ -787,7 +788,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                        dim=int(vecs.shape[1]), tau=gate["tau"], fire_rate=gate["fire_rate"],
                        seconds={k: round(v, 3) for k, v in secs.items()},
                        problems={e.key: e.problems for e in entries if e.problems}, reranker=rr_info,
-                       finetuned=ft_info, examples=examples_info)
+                       finetuned=ft_info, examples=examples_info,
+                       interchangeable=[[tools[i].key for i in g] for g in interchangeable_groups(tools)])
 
 
 def _pid_alive(pid: int) -> bool:

@@ -227,7 +227,8 @@ class Router:
             raise NexusError("the query is empty")
         t_start = time.perf_counter()
         scores, tm = self.retrieve(query, history)
-        k = max(self.config.top_k, self.rerank_k)
+        # room for the reranker's distinct candidates when copies of one tool sit among the first
+        k = max(self.config.top_k, 2 * self.rerank_k)
         order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
         margin = gate_margin(scores, int(order[0]), self.index.interchangeable(int(order[0])))
         escalate = margin < self.tau if self.config.use_gate else True
@@ -236,11 +237,22 @@ class Router:
         rerank_scores: dict[int, float] = {}
         ranked = [int(i) for i in order]
         if do_rerank:
-            cand = ranked[: self.rerank_k]
+            # the reranker judges distinct tools: a copy of a tool on another server (interchangeable) would take a
+            # slot and score the same; copies follow their tool, with its score
+            cand: list[int] = []
+            for i in ranked:
+                if len(cand) == self.rerank_k:
+                    break
+                if not any(i in self.index.interchangeable(c) for c in cand):
+                    cand.append(i)
             rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand])
             rorder = np.argsort(-np.asarray(rs), kind="stable")
-            ranked = [cand[j] for j in rorder] + ranked[len(cand):]
-            rerank_scores = {cand[j]: float(rs[j]) for j in range(len(cand))}
+            head: list[int] = []
+            for j in rorder:
+                copies = [i for i in ranked if i in self.index.interchangeable(cand[j])]
+                head += [cand[j], *copies]
+                rerank_scores.update({i: float(rs[j]) for i in [cand[j], *copies]})
+            ranked = head + [i for i in ranked if i not in set(head)]
         tm["rerank"] = (time.perf_counter() - t_r) * 1e3
         best = ranked[0]
         entry = self.index.tools[best]

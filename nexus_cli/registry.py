@@ -189,6 +189,11 @@ def interchangeable_groups(tools: Sequence[Any]) -> list[list[int]]:
     return [g for g in by_identity.values() if len(g) > 1]
 
 
+def interchangeable_map(tools: Sequence[Any]) -> dict[int, tuple[int, ...]]:
+    """Each tool that has copies → the indices of its copies (interchangeable_groups, per member)."""
+    return {m: tuple(x for x in g if x != m) for g in interchangeable_groups(tools) for m in g}
+
+
 MAX_EXAMPLE_BYTES = 16 * 1024 * 1024
 
 

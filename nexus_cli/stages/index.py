@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import FormatError, NexusError
-from ..registry import Tool, interchangeable_groups
+from ..registry import Tool, interchangeable_groups, interchangeable_map
 from . import textgen
 
 INDEX_FORMAT_VERSION = 1
@@ -241,7 +241,7 @@ class Index:
     def interchangeable(self, i: int) -> tuple[int, ...]:
         """The other tools that are the same tool on another server (registry.interchangeable_groups), or ()."""
         if self._twins is None:
-            self._twins = {m: tuple(x for x in g if x != m) for g in interchangeable_groups(self.tools) for m in g}
+            self._twins = interchangeable_map(self.tools)
         return self._twins.get(int(i), ())
 
     def query_vector(self, v: np.ndarray) -> np.ndarray:
@@ -501,7 +501,7 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
     plus the fire rate over probes of every tool (what a registry-wide mix of requests would see)."""
     rng = random.Random(seed)
     pairs = adversarial_pairs(doc_vecs)
-    twins = {m: [x for x in g if x != m] for g in interchangeable_groups(tools) for m in g}
+    twins = interchangeable_map(tools)
     in_pair = sorted({i for p in pairs for i in p})
     probe_tool, probes = [], []
     for i in range(len(tools)):

@@ -270,6 +270,28 @@ def test_embedder_uses_the_models_own_query_and_document_prompts(tmp_path, embed
         model.encode([text], role="tool")
 
 
+def test_bfloat16_queries_stay_close_to_float32_and_documents_stay_exact(embedder):
+    """Queries may run in bfloat16 (the fast path's main cost); they must stay within a cosine of 0.999 of the float32
+    vector and keep unit norm, while documents (the SLB) are always float32."""
+    from nexus_cli.adapters.embedder import Embedder
+    from nexus_cli.errors import ModelError
+
+    exact = Embedder("minilm", query_precision="float32")
+    half = Embedder("minilm", query_precision="bfloat16")
+    texts = ["open a pull request from feature/login into main", "what's the weather in Lisbon tomorrow?"]
+    for a, b in ((exact.encode_one(texts[0]), half.encode_one(texts[0])),
+                 *zip(exact.encode_few(texts), half.encode_few(texts)),
+                 *zip(exact.encode(texts, role="query"), half.encode(texts, role="query"))):
+        assert b.dtype == np.float32
+        assert abs(float(np.linalg.norm(b)) - 1.0) < 1e-5
+        assert 0.999 < float(a @ b) < 1.0 + 1e-6
+        assert not np.array_equal(a, b)  # the bfloat16 model really ran
+    np.testing.assert_array_equal(exact.encode(texts), half.encode(texts))
+    assert embedder.query_precision in ("float32", "bfloat16")  # "auto": whichever this CPU runs natively
+    with pytest.raises(ModelError, match="query precision"):
+        Embedder("minilm", query_precision="float16")
+
+
 # ---------------------------------------------------------------------------------------------- example requests
 
 

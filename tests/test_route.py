@@ -113,7 +113,10 @@ def test_value_masking_averages_the_request_with_its_masked_form(forge_dir, embe
     s_on, _ = on.retrieve(q)
     s_off, _ = off.retrieve(q)
     masked, _ = off.retrieve("merge repository issue with the title text")
-    np.testing.assert_allclose(s_on, (s_off + masked) / 2, rtol=1e-6, atol=1e-6)
+    # bfloat16 requests (where the CPU has it) embed a batch of two ~5e-4 away from one text at a time
+    tol = 1e-6 if embedder.query_precision == "float32" else 2e-3
+    np.testing.assert_allclose(s_on, (s_off + masked) / 2, rtol=0, atol=tol)
+    assert np.abs(s_on - s_off).max() > 10 * tol  # masking really moved the scores
     # a request with no literal value scores exactly as before
     np.testing.assert_allclose(on.retrieve("list open issues")[0], off.retrieve("list open issues")[0])
 

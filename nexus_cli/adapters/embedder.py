@@ -8,12 +8,17 @@ folder resolved by `nexus_cli.models.resolve_model`. Vectors come back as L2-nor
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import ModelError
 
 DEFAULT_THREADS = int(os.environ.get("NEXUS_THREADS", "2") or 2)
+# Precision of query embeddings (requests, probes): "auto" runs them in bfloat16 where the CPU has native bf16 matmul
+# (AVX512_BF16 / AMX), which measured 1.6-1.7x faster than float32 for a request on 2 cores at a cosine of 0.9999 to
+# the float32 vector; documents (tool texts, the SLB) stay float32. "float32" turns it off.
+QUERY_PRECISION = os.environ.get("NEXUS_QUERY_PRECISION", "auto").strip().lower() or "auto"
 
 
 def _offline_env() -> None:
@@ -50,7 +55,8 @@ def set_threads(n: int | None = None) -> None:
 class Embedder:
     """A bi-encoder: `encode(texts) -> float32[n, dim]`, unit-norm rows."""
 
-    def __init__(self, name_or_path: str = "minilm", threads: int | None = None, device: str = "cpu"):
+    def __init__(self, name_or_path: str = "minilm", threads: int | None = None, device: str = "cpu",
+                 query_precision: str | None = None):
         from ..models import resolve_model
 
         path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
@@ -75,6 +81,23 @@ class Embedder:
         # "document" prompts; requests and probes are embedded as queries, tool texts as documents. MiniLM has none.
         prompts = dict(getattr(self.model, "prompts", None) or {})
         self.prompts = {role: prompts[role] for role in ("query", "document") if prompts.get(role)}
+        self.query_precision = _resolve_query_precision(query_precision or QUERY_PRECISION, device)
+        self._query_model = None
+        self._query_lock = threading.Lock()
+
+    def _model_for(self, role: str):
+        """The float32 model for documents; for queries a bfloat16 copy when query_precision says so (made once)."""
+        if role != "query" or self.query_precision == "float32":
+            return self.model
+        if self._query_model is None:
+            with self._query_lock:
+                if self._query_model is None:
+                    import copy
+
+                    import torch
+
+                    self._query_model = copy.deepcopy(self.model).to(torch.bfloat16)
+        return self._query_model
 
     def _prompt_name(self, role: str) -> str | None:
         if role not in ("query", "document"):
@@ -96,9 +119,10 @@ class Embedder:
         with torch.inference_mode():
             for i in range(0, len(texts), batch_size):
                 chunk = texts[i : i + batch_size]
-                v = self.model.encode(chunk, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
-                                      show_progress_bar=False, prompt_name=self._prompt_name(role))
-                out.append(np.asarray(v, dtype=np.float32))
+                v = self._model_for(role).encode(chunk, batch_size=batch_size, convert_to_numpy=True,
+                                                 normalize_embeddings=True, show_progress_bar=False,
+                                                 prompt_name=self._prompt_name(role))
+                out.append(_unit_rows(v))
                 if callback is not None:
                     callback(len(chunk))
         return np.ascontiguousarray(np.concatenate(out, axis=0), dtype=np.float32)
@@ -110,10 +134,10 @@ class Embedder:
         import torch
 
         with torch.inference_mode():
-            v = self.model.encode(list(texts), batch_size=max(1, len(texts)), convert_to_numpy=True,
-                                  normalize_embeddings=True, show_progress_bar=False,
-                                  prompt_name=self._prompt_name("query"))
-        return np.ascontiguousarray(v, dtype=np.float32)
+            v = self._model_for("query").encode(list(texts), batch_size=max(1, len(texts)), convert_to_numpy=True,
+                                                normalize_embeddings=True, show_progress_bar=False,
+                                                prompt_name=self._prompt_name("query"))
+        return _unit_rows(v)
 
     def encode_one(self, text: str):
         """One query, [dim] float32, unit norm (fast path: no batching overhead)."""
@@ -121,9 +145,35 @@ class Embedder:
         import torch
 
         with torch.inference_mode():
-            v = self.model.encode([text], batch_size=1, convert_to_numpy=True, normalize_embeddings=True,
-                                  show_progress_bar=False, prompt_name=self._prompt_name("query"))
-        return np.ascontiguousarray(v[0], dtype=np.float32)
+            v = self._model_for("query").encode([text], batch_size=1, convert_to_numpy=True,
+                                                normalize_embeddings=True, show_progress_bar=False,
+                                                prompt_name=self._prompt_name("query"))
+        return _unit_rows(v)[0]
+
+
+def _unit_rows(v):
+    """float32, C-contiguous, rows re-normalised in float32 (a bfloat16 model normalises to only ~3 digits)."""
+    import numpy as np
+
+    v = np.asarray(v, dtype=np.float32)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    return np.ascontiguousarray(v / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def _resolve_query_precision(precision: str, device: str) -> str:
+    if precision not in ("auto", "float32", "bfloat16"):
+        raise ModelError(f"query precision must be auto, float32 or bfloat16, not {precision!r} (NEXUS_QUERY_PRECISION)")
+    if precision != "auto":
+        return precision
+    if device != "cpu":
+        return "float32"
+    import torch
+
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001 - an older torch without the probe: stay exact
+        native = False
+    return "bfloat16" if native else "float32"
 
 
 def load_cross_encoder(path: str | Path, threads: int | None = None):

@@ -298,6 +298,7 @@ def run(
     run_ = Run(SUITE, params, seed=seed, models=models)
 
     emb = Embedder(embedder)
+    run_.params["query_precision"] = emb.query_precision  # requests embed in bfloat16 where the CPU runs it natively
     example_requests = load_example_requests([examples]) if examples else None
     rr_dir = None
     if reranker == "cross":

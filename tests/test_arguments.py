@@ -69,6 +69,34 @@ def test_drop_unsupported_never_touches_required():
     assert args == {"owner": "invented", "state": "closed"} and dropped == ["per_page"]
 
 
+
+def test_flags_and_abbreviated_members_backed_by_what_the_request_says():
+    from nexus_cli.stages.arguments import described, enum_supported
+
+    spec = compile_tool(Tool("s", "pods_log", "", {"type": "object", "properties": {
+        "name": {"type": "string"},
+        "previous": {"type": "boolean", "description": "Return previous terminated container logs"},
+        "dryRun": {"type": "boolean", "default": False, "description": "Preview changes using git-style diff format"},
+        "autostart": {"type": "boolean"},
+        "raw": {"type": "boolean", "description": "Get the actual HTML content of the page."},
+        "direction": {"enum": ["ASC", "DESC"]}}, "required": ["name"]}))
+    full = {"name": "web", "previous": True, "dryRun": True, "autostart": True, "raw": True, "direction": "DESC"}
+    # a flag by what it does ("the termination" / "show me the diff"), a flag's name by its stem ("start it
+    # automatically"), an abbreviated member ("descending")
+    args, dropped = drop_unsupported(dict(full), spec, "logs of web since the termination, just show me the diff, "
+                                                       "start it automatically, newest descending")
+    assert args == {"name": "web", "previous": True, "dryRun": True, "autostart": True, "direction": "DESC"}
+    assert dropped == ["raw"]  # "html" inside a URL is not prose
+    args, dropped = drop_unsupported(dict(full, dryRun=False), spec, "fetch https://x.io/a.html for web, show the diff")
+    assert args == {"name": "web", "dryRun": False} or "dryRun" in dropped  # a default value needs its name
+    assert "dryRun" in dropped and "raw" in dropped and "direction" in dropped
+    # common words and the tool's own name back nothing
+    assert not described("Allow commits from upstream members", "merge from main")
+    assert not described("Return previous terminated container logs", "show the pods logs", ["pods", "logs"])
+    assert enum_supported("DESC", "order descending") and enum_supported("prev", "the previous one")  # abbreviations
+    assert enum_supported("asc", "oldest first, ascending")
+    assert not enum_supported("DESC", "a description") and not enum_supported("main", "maintain it")
+
 def test_prompt_carries_signature_history_and_query():
     tool = next(t for t in load_registries([FORGE]) if t.name == "create_pull_request")
     spec = compile_tool(tool)
@@ -204,11 +232,31 @@ def test_restore_path_prefixes_only_when_the_request_holds_that_path():
     assert out == {"repo_path": "/home/ana/code/blog", "file": "posts/intro.md", "n": 3,
                    "dirs": ["./build/out", "~/old/out"], "nested": {"p": "/home/ana/code/blog"}}
     assert len(notes) == 4 and notes[0].startswith("repo_path:")
-    # a suffix of a longer path is not a path the request holds; a string written as is stays; ambiguity stays
-    assert restore_path_prefixes({"p": "code/blog"}, ctx) == {"p": "code/blog"}
+    # a string written as is stays; ambiguity stays
     assert restore_path_prefixes({"r": "acme/api"}, "open acme/api and /acme/api") == {"r": "acme/api"}
     assert restore_path_prefixes({"p": "srv/app"}, "in ~/srv/app or /srv/app") == {"p": "srv/app"}
     assert restore_path_prefixes({"p": "/srv/app"}, "in /srv/app") == {"p": "/srv/app"}
+    assert restore_path_prefixes({"p": "b/c"}, "open a/b/c and x/b/c") == {"p": "b/c"}
+
+
+def test_restore_path_prefixes_gives_a_cut_path_its_leading_directories_back():
+    from nexus_cli.stages.arguments import restore_path_prefixes
+
+    notes: list[str] = []
+    # leading directories of a multi-segment path (Qwen2.5-0.5B wrote ledger/reconcile.go, c027 of args_cases_c)
+    assert restore_path_prefixes({"path": "ledger/reconcile.go", "line": 87},
+                                 "comment on src/ledger/reconcile.go line 87", "", notes) == {
+        "path": "src/ledger/reconcile.go", "line": 87}
+    assert notes == ["path: 'ledger/reconcile.go' -> 'src/ledger/reconcile.go'"]
+    assert restore_path_prefixes({"p": "code/blog"}, "diff /home/ana/code/blog") == {"p": "/home/ana/code/blog"}
+    # not when the part cut off is another argument (a file relative to its repository), nor for a single segment,
+    # nor with a host in front (a repository reference is not a URL)
+    assert restore_path_prefixes({"repo_path": "/srv/blog", "file": "posts/a.md"}, "stage /srv/blog/posts/a.md") == {
+        "repo_path": "/srv/blog", "file": "posts/a.md"}
+    assert restore_path_prefixes({"f": "intro.md"}, "open src/posts/intro.md") == {"f": "intro.md"}
+    assert restore_path_prefixes({"repo": "grafana/loki"}, "see github.com/grafana/loki") == {"repo": "grafana/loki"}
+    assert restore_path_prefixes({"u": "example.com/page"}, "fetch https://example.com/page") == {
+        "u": "example.com/page"}
 
 
 def test_split_repository_sets_the_repo_the_request_names():

@@ -199,10 +199,21 @@ def _words(name: str) -> list[str]:
     return [w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if len(w) >= 3]
 
 
+# abbreviations APIs use for words requests write out (enum members `DESC`, `prev`, fields `min_date`, `dir`)
+_ABBREVIATIONS = {
+    "asc": ("ascending",), "desc": ("descending",), "prev": ("previous",), "min": ("minimum",), "max": ("maximum",),
+    "dir": ("directory",), "repo": ("repository",), "env": ("environment",), "config": ("configuration",),
+    "info": ("information",), "auth": ("authentication", "authorization"), "msg": ("message",),
+}
+
+
 def _related(a: str, b: str) -> bool:
-    """Two lower-case words share a stem: equal, one contains the other (both ≥ 5 letters), or a common first five
-    letters ("updated"/"update", "cycling"/"bicycling", "participating"/"participants")."""
+    """Two lower-case words share a stem: equal, one contains the other (both ≥ 5 letters), a common first five
+    letters ("updated"/"update", "cycling"/"bicycling", "participating"/"participants"), or a common abbreviation
+    and its word ("desc"/"descending", _ABBREVIATIONS)."""
     if a == b:
+        return True
+    if b in _ABBREVIATIONS.get(a, ()) or a in _ABBREVIATIONS.get(b, ()):
         return True
     if len(a) < 5 or len(b) < 5:
         return False
@@ -216,7 +227,7 @@ def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
     for it; an exact-string check would drop every paraphrased choice. Words of the tool's own name (`topic`) back
     nothing: "notifications" in a request to list_notifications says nothing about "include_read_notifications"."""
     ctx_words = set(re.findall(r"[a-z0-9]+", context))
-    return any(_related(w, c) for w in _words(value) if len(w) >= 4 and not any(_related(w, t) for t in topic)
+    return any(_related(w, c) for w in _words(value) if (len(w) >= 4 or w in _ABBREVIATIONS) and not any(_related(w, t) for t in topic)
                for c in ctx_words if len(c) >= 4)
 
 
@@ -230,7 +241,10 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
     if enum and isinstance(value, str) and value in enum and enum_supported(value, context, topic):
         return True
     if isinstance(value, bool):
-        return any(w in context for w in _words(name))
+        # a word of the field's name, or a word sharing its stem ("autostart" / "start it automatically")
+        return any(w in context for w in _words(name)) or any(
+            _related(w, c) for w in _words(name) if (len(w) >= 4 or w in _ABBREVIATIONS) and not any(_related(w, t) for t in topic)
+            for c in set(re.findall(r"[a-z0-9]+", context)) if len(c) >= 4)
     if isinstance(value, (int, float)):
         num = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
         return re.search(rf"(?<![0-9.]){re.escape(num)}(?![0-9])", context) is not None
@@ -243,6 +257,32 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
     if isinstance(value, dict):
         return any(supported(v, context, str(k)) for k, v in value.items())
     return False
+
+
+# words too common in parameter descriptions to say what a flag is about (and the operations every request names)
+_DESCRIPTION_STOPWORDS = frozenset("""whether should default defaults which value values specified specify optional
+return returns returned include included including instead using given other these those there their about after
+before where while false true enable enabled disable disabled option options parameter field results result
+change changes update updates create creates delete deletes remove removes modify modifies
+from with that this into than then when each only will your have been also more most over such them they what
+true none some make used uses like just""".split())
+
+
+def described(description: Any, context: str, topic: Sequence[str] = ()) -> bool:
+    """Does the request use a word of the flag's own description (first sentence; four-letter words as written,
+    longer ones by a stem shared as in `_related`; the tool name's words and common description words aside)? "just show me the
+    diff" backs `dryRun` ("Preview changes using git-style diff format"): a flag is often asked for by what it does,
+    not by its name. Used for a flag set away from its declared default only (the default changes nothing)."""
+    if not isinstance(description, str) or not description.strip():
+        return False
+    first = re.split(r"(?<=[.!?])\s", description.strip(), maxsplit=1)[0].lower()
+    words = {w for w in re.findall(r"[a-z]+", first) if len(w) >= 4 and w not in _DESCRIPTION_STOPWORDS
+             and not any(_related(w, t) for t in topic)}
+    # words of the prose only: a URL or path ("whatsnew/3.13.html") says nothing about a flag
+    prose = " ".join(t for t in context.split() if not re.search(r"[/\\]|\.\w", t))
+    ctx_words = {c for c in re.findall(r"[a-z]+", prose) if len(c) >= 4}
+    # four-letter words only as written ("diff"), longer ones by stem
+    return any(w == c or (len(w) >= 5 and len(c) >= 5 and _related(w, c)) for w in words for c in ctx_words)
 
 
 def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], topic: Sequence[str] = ()) -> dict:
@@ -259,7 +299,9 @@ def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], t
                 dropped.append(prefix + k)
                 continue
         enum = sub.get("enum") if isinstance(sub, dict) and isinstance(sub.get("enum"), list) else None
-        if k in req or supported(v, ctx, k, enum, topic):
+        if k in req or supported(v, ctx, k, enum, topic) or (
+                isinstance(v, bool) and isinstance(sub, dict) and v is not sub.get("default")
+                and described(sub.get("description"), ctx, topic)):
             out[k] = v
         else:
             dropped.append(prefix + k)
@@ -314,24 +356,46 @@ def clamp_numbers(value: Any, schema: Any, path: str = "", clamped: list[str] | 
 _PATH_CHARS = r"\w./~-"
 
 
-def restore_path_prefixes(value: Any, context: str, path: str = "", restored: list[str] | None = None) -> Any:
-    """Strings copied from a path in the request but without its leading "/" ("home/ana/blog" for "/home/ana/blog":
-    Qwen2.5-0.5B drops it) get the prefix back, when the request holds exactly that path (the string as a whole
-    token, preceded by "/", "~/" or "./") and does not hold the string on its own."""
-    restored = [] if restored is None else restored
+def _strings(value: Any) -> set[str]:
     if isinstance(value, dict):
-        return {k: restore_path_prefixes(v, context, f"{path}{k}.", restored) for k, v in value.items()}
+        return set().union(*(_strings(v) for v in value.values())) if value else set()
     if isinstance(value, list):
-        return [restore_path_prefixes(v, context, f"{path.rstrip('.')}[].", restored) for v in value]
+        return set().union(*(_strings(v) for v in value)) if value else set()
+    return {value} if isinstance(value, str) else set()
+
+
+def restore_path_prefixes(value: Any, context: str, path: str = "", restored: list[str] | None = None,
+                          _others: set[str] | None = None) -> Any:
+    """Strings copied from a path in the request but cut short get the rest back, when the request holds exactly
+    one such path (as a whole token) and not the string on its own. Qwen2.5-0.5B drops a leading "/", "~/" or "./"
+    ("home/ana/blog" for "/home/ana/blog") and, in multi-segment paths, leading directories ("ledger/x.go" for
+    "src/ledger/x.go"). A single segment only gets "/", "~/" or "./" back (the name of a file or repository in a
+    longer path is often meant alone), and a cut is kept when the part cut off is another argument's value
+    (`repo_path` "/srv/blog" with `file` "posts/a.md" from "/srv/blog/posts/a.md"). A host is never a prefix
+    ("github.com/acme/api" does not make "acme/api" a URL)."""
+    restored = [] if restored is None else restored
+    if _others is None:
+        _others = {s.rstrip("/") for s in _strings(value)}
+    if isinstance(value, dict):
+        return {k: restore_path_prefixes(v, context, f"{path}{k}.", restored, _others) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_path_prefixes(v, context, f"{path.rstrip('.')}[].", restored, _others) for v in value]
     if not isinstance(value, str) or len(value) < 2 or value[0] in "/~.":
         return value
     body = re.escape(value) + rf"(?![{_PATH_CHARS}])"
     if re.search(rf"(?<![{_PATH_CHARS}]){body}", context):
         return value  # the request has it as written
-    prefixes = {m.group(1) for m in re.finditer(rf"(?<![{_PATH_CHARS}])(~/|\./|/){body}", context)}
+    # a root ("/", "~/", "./") and/or leading directories; directories only in front of a multi-segment path
+    dirs = r"(?:[\w-][\w.-]*/)*" if "/" in value else ""
+    prefixes = {m.group(1) for m in re.finditer(rf"(?<![:{_PATH_CHARS}])((?:~/|\./|/)?{dirs}){body}", context)
+                if m.group(1)}
+    prefixes = {pre for pre in prefixes if "." not in pre.lstrip("~./").split("/")[0]}  # no host as a directory
     if len(prefixes) != 1:
         return value
-    new = prefixes.pop() + value
+    prefix = prefixes.pop()
+    if prefix.rstrip("/") in _others or prefix.rstrip("/").lstrip("~./") in _others:
+        return value  # the head is an argument of its own: the cut is the point
+    new = prefix + value
     restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
     return new
 
@@ -539,6 +603,25 @@ def named_enum_members(args: dict, schema: Any, context: str, fixed: list[str] |
     return out
 
 
+def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Sequence[dict]) -> tuple[dict, list[str]]:
+    """The drop of unsupported optional fields, then the repairs, against the request + history window the prompt
+    showed. Returns (args, notes): each dropped field path, then each change as "clamped/restored/repaired <what>"."""
+    context = " ".join([str(query)] + [m["content"] for m in window])
+    args, notes = drop_unsupported(args, spec, context)
+    clamped: list[str] = []
+    args = clamp_numbers(args, spec.schema, "", clamped)
+    notes += [f"clamped {c}" for c in clamped]
+    restored: list[str] = []
+    args = restore_path_prefixes(args, context, "", restored)
+    notes += [f"restored {r}" for r in restored]
+    fixed: list[str] = []
+    args = split_repository(args, spec.schema, context, fixed)
+    args = convert_units(args, spec.schema, context, fixed)
+    args = named_enum_members(args, spec.schema, context, fixed)
+    notes += [f"repaired {r}" for r in fixed]
+    return args, notes
+
+
 def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[Any] | None = None,
                        max_tokens: int = DEFAULT_MAX_TOKENS, few_shot: bool = False, descriptions: bool = True,
                        post_process: bool = True, seq_id: int = 0) -> ArgsResult:
@@ -595,19 +678,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
         return ArgsResult({}, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "", retried)
     dropped: list[str] = []
     if post_process:
-        context = " ".join([str(query)] + [m["content"] for m in window])
-        args, dropped = drop_unsupported(args, spec, context)
-        clamped: list[str] = []
-        args = clamp_numbers(args, spec.schema, "", clamped)
-        dropped += [f"clamped {c}" for c in clamped]
-        restored: list[str] = []
-        args = restore_path_prefixes(args, context, "", restored)
-        dropped += [f"restored {r}" for r in restored]
-        fixed: list[str] = []
-        args = split_repository(args, spec.schema, context, fixed)
-        args = convert_units(args, spec.schema, context, fixed)
-        args = named_enum_members(args, spec.schema, context, fixed)
-        dropped += [f"repaired {r}" for r in fixed]
+        args, dropped = post_process_arguments(args, spec, query, window)
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

@@ -344,3 +344,33 @@ def test_enum_members_backed_by_a_stem_of_the_request():
     args, dropped = drop_unsupported({"filter": "include_read_notifications"}, spec, ctx)
     assert args == {} and dropped == ["filter"]
     assert not enum_supported("desc", "with a description") and enum_supported("desc", "sort desc")
+
+
+def test_members_of_optional_enum_arrays_and_inflected_members_are_backed():
+    spec = compile_tool(Tool("s", "fear_greed", "", {"type": "object", "properties": {
+        "days": {"type": "integer"},
+        "indicators": {"anyOf": [{"type": "array", "items": {"type": "string", "enum": [
+            "put_call_options", "market_volatility_vix", "junk_bond_demand"]}}, {"type": "null"}], "default": None},
+        "since": {"enum": ["daily", "weekly", "monthly"]}}, "required": ["days"]}))
+    args, dropped = drop_unsupported({"days": 14, "indicators": ["put_call_options", "market_volatility_vix"],
+                                      "since": "weekly"}, spec, "last 14 days, only put/call options and VIX this week")
+    assert args == {"days": 14, "indicators": ["put_call_options", "market_volatility_vix"], "since": "weekly"}
+    args, dropped = drop_unsupported({"days": 14, "indicators": ["put_call_options", "junk_bond_demand"],
+                                      "since": "monthly"}, spec, "last 14 days, only put/call options this week")
+    assert args == {"days": 14} and dropped == ["indicators", "since"]  # one member unbacked drops the list
+
+
+def test_restore_spacing_copies_the_requests_spacing():
+    from nexus_cli.stages.arguments import restore_spacing
+
+    ctx = 'save this: <svg width="64"><circle r="28" fill="#e63946"/></svg> please'
+    schema = {"properties": {"svg": {"type": "string"}, "kind": {"enum": ["NewYork", "x"]}}}
+    notes: list[str] = []
+    out = restore_spacing({"svg": '<svg width="64"><circle r="28" fill="#e63946" /></svg>', "kind": "NewYork"},
+                          ctx + " in New York", schema, "", notes)
+    assert out == {"svg": '<svg width="64"><circle r="28" fill="#e63946"/></svg>', "kind": "NewYork"}  # not an enum
+    assert notes == ["svg: spacing as in the request"]
+    # a string the request holds, a short one, and one whose spacing matches two stretches stay
+    assert restore_spacing({"a": "circle r"}, ctx, schema) == {"a": "circle r"}
+    assert restore_spacing({"a": "a b"}, "ab and ab", schema) == {"a": "a b"}
+    assert restore_spacing({"a": "abc defgh"}, "abcdefgh or abc  defgh", schema) == {"a": "abc defgh"}

@@ -207,28 +207,37 @@ _ABBREVIATIONS = {
 }
 
 
+_SUFFIXES = frozenset({"s", "es", "d", "ed", "ing", "ly", "er", "ers"})
+
+
 def _related(a: str, b: str) -> bool:
     """Two lower-case words share a stem: equal, one contains the other (both ≥ 5 letters), a common first five
-    letters ("updated"/"update", "cycling"/"bicycling", "participating"/"participants"), or a common abbreviation
-    and its word ("desc"/"descending", _ABBREVIATIONS)."""
+    letters ("updated"/"update", "cycling"/"bicycling", "participating"/"participants"), a word of four letters
+    and its inflection ("week"/"weekly"), or a common abbreviation and its word ("desc"/"descending",
+    _ABBREVIATIONS)."""
     if a == b:
         return True
     if b in _ABBREVIATIONS.get(a, ()) or a in _ABBREVIATIONS.get(b, ()):
         return True
+    short, long_ = sorted((a, b), key=len)
+    if len(short) >= 4 and long_.startswith(short) and long_[len(short):] in _SUFFIXES:
+        return True  # an inflection of a short word: "week"/"weekly", "open"/"opened"
     if len(a) < 5 or len(b) < 5:
         return False
     return a in b or b in a or a[:5] == b[:5]
 
 
 def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
-    """An enum member the model chose is backed by the request when one of its words (split at _, -, camelCase; ≥ 4
-    letters) shares a stem with a word of the request: "cycling" backs "bicycling", "directly participating" backs
+    """An enum member the model chose is backed by the request when one of its words (split at _, -, camelCase)
+    is written in the request (three letters) or shares a stem with a word of it (four or more): "cycling" backs "bicycling", "directly participating" backs
     "only_participating". The members are the schema's own words, so a stem match is evidence the request asked
     for it; an exact-string check would drop every paraphrased choice. Words of the tool's own name (`topic`) back
     nothing: "notifications" in a request to list_notifications says nothing about "include_read_notifications"."""
     ctx_words = set(re.findall(r"[a-z0-9]+", context))
-    return any(_related(w, c) for w in _words(value) if (len(w) >= 4 or w in _ABBREVIATIONS) and not any(_related(w, t) for t in topic)
-               for c in ctx_words if len(c) >= 4)
+    words = [w for w in _words(value) if not any(_related(w, t) for t in topic)]
+    # three-letter words ("vix" of market_volatility_vix) only as written, longer ones by stem
+    return any(w in ctx_words for w in words if len(w) == 3) or any(
+        _related(w, c) for w in words if len(w) >= 4 or w in _ABBREVIATIONS for c in ctx_words if len(c) >= 4)
 
 
 def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | None = None,
@@ -252,8 +261,8 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
         v = _norm_text(value)
         # whole-word match: "it" must not count as backed by "titled"
         return bool(v) and re.search(rf"(?<![a-z0-9]){re.escape(v)}(?![a-z0-9])", context) is not None
-    if isinstance(value, list):
-        return bool(value) and all(supported(x, context, name) for x in value)
+    if isinstance(value, list):  # every element, members of the items' enum as members
+        return bool(value) and all(supported(x, context, name, enum, topic) for x in value)
     if isinstance(value, dict):
         return any(supported(v, context, str(k)) for k, v in value.items())
     return False
@@ -285,6 +294,22 @@ def described(description: Any, context: str, topic: Sequence[str] = ()) -> bool
     return any(w == c or (len(w) >= 5 and len(c) >= 5 and _related(w, c)) for w in words for c in ctx_words)
 
 
+def _members(schema: Any, value: Any) -> list | None:
+    """The enum a value's members come from: the field's own, its items' for an array, or that of the `anyOf` branch
+    of the value's kind (`anyOf: [{type: array, items: {enum}}, {type: null}]` as Pydantic writes optional lists)."""
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("enum"), list):
+        return schema["enum"]
+    if isinstance(value, list) and isinstance(schema.get("items"), dict) and isinstance(schema["items"].get("enum"), list):
+        return schema["items"]["enum"]
+    for branch in schema.get("anyOf") or []:
+        found = _members(branch, value) if isinstance(branch, dict) else None
+        if found is not None:
+            return found
+    return None
+
+
 def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], topic: Sequence[str] = ()) -> dict:
     schema = schema if isinstance(schema, dict) else {}
     req = schema.get("required", [])
@@ -298,7 +323,7 @@ def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], t
             if not v and k not in req:
                 dropped.append(prefix + k)
                 continue
-        enum = sub.get("enum") if isinstance(sub, dict) and isinstance(sub.get("enum"), list) else None
+        enum = _members(sub, v)
         if k in req or supported(v, ctx, k, enum, topic) or (
                 isinstance(v, bool) and isinstance(sub, dict) and v is not sub.get("default")
                 and described(sub.get("description"), ctx, topic)):
@@ -397,6 +422,37 @@ def restore_path_prefixes(value: Any, context: str, path: str = "", restored: li
         return value  # the head is an argument of its own: the cut is the point
     new = prefix + value
     restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
+    return new
+
+
+def restore_spacing(value: Any, context: str, schema: Any = None, path: str = "",
+                    restored: list[str] | None = None) -> Any:
+    """A string that is in the request but for its spacing takes the request's spacing: Qwen2.5-0.5B wrote
+    `fill="#e63946" />` for `fill="#e63946"/>` when copying markup (its tokens carry their own spaces). Only strings of
+    8 characters or more, outside enums, when the request holds exactly one such stretch."""
+    restored = [] if restored is None else restored
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(value, dict):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        return {k: restore_spacing(v, context, props.get(k), f"{path}{k}.", restored) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_spacing(v, context, schema.get("items"), f"{path.rstrip('.')}[].", restored) for v in value]
+    if not isinstance(value, str) or len(value) < 8 or value in context or _members(schema, value) is not None:
+        return value
+    bare = "".join(value.split())
+    if len(bare) < 6:
+        return value
+    kept = [i for i, ch in enumerate(context) if not ch.isspace()]
+    squeezed = "".join(context[i] for i in kept)
+    found = set()
+    start = squeezed.find(bare)
+    while start >= 0:
+        found.add(context[kept[start]:kept[start + len(bare) - 1] + 1])
+        start = squeezed.find(bare, start + 1)
+    if len(found) != 1:
+        return value
+    new = found.pop()
+    restored.append(f"{path.rstrip('.')}: spacing as in the request")
     return new
 
 
@@ -613,6 +669,7 @@ def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Seque
     notes += [f"clamped {c}" for c in clamped]
     restored: list[str] = []
     args = restore_path_prefixes(args, context, "", restored)
+    args = restore_spacing(args, context, spec.schema, "", restored)
     notes += [f"restored {r}" for r in restored]
     fixed: list[str] = []
     args = split_repository(args, spec.schema, context, fixed)

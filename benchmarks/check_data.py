@@ -45,6 +45,8 @@ QUERY_FILES = {
     "args": HERE / "queries" / "args_cases.jsonl",
     "args_b": HERE / "queries" / "args_cases_b.jsonl",
     "args_c": HERE / "queries" / "args_cases_c.jsonl",
+    "args_d": HERE / "queries" / "args_cases_d.jsonl",
+    "args_e": HERE / "queries" / "args_cases_e.jsonl",
     "demo": REPO / "tool_registries" / "demo_queries.jsonl",
 }
 ROLES = {"user", "assistant", "system", "tool"}  # tool: a tool result, as MCP clients keep it
@@ -295,7 +297,7 @@ def main() -> int:
     print("   ", ", ".join(f"{s} {n}" for s, n in core_servers.most_common()))
     print(f"  all:  {len(all_servers)} livemcptool servers")
     print("   ", ", ".join(f"{s} {n}" for s, n in all_servers.most_common()))
-    for label in ("args", "args_b", "args_c", "demo"):
+    for label in ("args", "args_b", "args_c", "args_d", "args_e", "demo"):
         rows = per_file.get(label, [])
         print(f"{QUERY_FILES[label].name}: {len(rows)} cases, {sum(1 for q in rows if q.get('history'))} with history, "
               f"{len({q.get('tool') for q in rows})} distinct tools, {len({q.get('server') for q in rows})} servers")

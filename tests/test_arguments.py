@@ -37,6 +37,23 @@ def test_surrogates_keep_salient_values():
     assert surrogate("plain text " * 100).startswith("[tool result:")
 
 
+def test_tool_digest_keeps_the_values_follow_ups_need():
+    from nexus_cli.stages.arguments import TOOL_RESULT_CHARS, tool_digest
+
+    small = {"total": 3, "objectIDs": [436535, 436528, 437329]}
+    assert tool_digest(json.dumps(small, indent=2)) == '{"total": 3, "objectIDs": [436535, 436528, 437329]}'
+    papers = {"total_results": 3, "papers": [
+        {"id": f"2305.1060{i}", "title": "A long title about deliberate problem solving " * 2,
+         "authors": ["A. Author", "B. Author", "C. Author"], "published": "2023-05-17"} for i in range(3)]}
+    d = tool_digest(json.dumps(papers))
+    assert len(d) <= TOOL_RESULT_CHARS and all(f'"id": "2305.1060{i}"' in d for i in range(3))  # every id stays
+    many = [{"number": i, "title": f"issue {i}"} for i in range(40)]
+    d = tool_digest(json.dumps(many))
+    assert len(d) <= TOOL_RESULT_CHARS and '"number": 0' in d and "more" in d
+    assert tool_digest("plain words") == "plain words"
+    assert tool_digest("x " * 400).startswith("[tool result:")  # too long and not JSON: the one-line surrogate
+
+
 def test_prune_history_window():
     hist = [{"role": "user", "content": f"turn {i}"} for i in range(20)]
     hist.append({"role": "tool", "content": json.dumps([{"id": i, "body": "y" * 300} for i in range(30)])})
@@ -44,7 +61,8 @@ def test_prune_history_window():
     win = prune_history(hist)
     assert len(win) <= 6
     assert win[-1]["role"] == "assistant" and len(win[-1]["content"]) <= 401
-    assert win[-2]["content"].startswith("[tool result: 30 items")
+    assert win[-2]["content"].startswith('[{"id": 0, "body": "yyy') and '"+24 more"' in win[-2]["content"]
+    assert prune_history(hist, digest=False)[-2]["content"].startswith("[tool result: 30 items")  # routing's form
     assert [m["content"] for m in win[:-2]] == [f"turn {i}" for i in range(16, 20)]  # recent turns verbatim
     assert sum(len(m["content"]) for m in win) < 1300
     assert prune_history(None) == [] and prune_history(["just a string"]) == [{"role": "user", "content": "just a string"}]
@@ -374,3 +392,37 @@ def test_restore_spacing_copies_the_requests_spacing():
     assert restore_spacing({"a": "circle r"}, ctx, schema) == {"a": "circle r"}
     assert restore_spacing({"a": "a b"}, "ab and ab", schema) == {"a": "a b"}
     assert restore_spacing({"a": "abc defgh"}, "abcdefgh or abc  defgh", schema) == {"a": "abc defgh"}
+
+
+def test_cut_swallowed_values_ends_a_copy_before_another_arguments_words():
+    from nexus_cli.stages.arguments import cut_swallowed_values
+
+    q = "search the web for best hiking trails near Asheville - just 5 results, and put safesearch on strict pls"
+    notes: list[str] = []
+    out = cut_swallowed_values({"query": "best hiking trails near Asheville - just 5 results, and put safesearch "
+                                         "on strict pls", "count": 5, "safeSearch": "strict"}, {}, q, notes)
+    assert out == {"query": "best hiking trails near Asheville", "count": 5, "safeSearch": "strict"}
+    assert notes == ["query: cut before the words of another argument"]
+    # left alone: a copy that stops before the request's end, one with no other argument's words in it, one with
+    # no clause break before them, and an enum member
+    same = {"query": "best hiking trails near Asheville - just 5", "count": 5}
+    assert cut_swallowed_values(same, {}, q) == same
+    plain = {"query": "best hiking trails near Asheville - just 5 results, and put safesearch on strict pls"}
+    assert cut_swallowed_values(plain, {}, q) == plain
+    q2 = "commit with message bump version to 1.4.0"
+    assert cut_swallowed_values({"message": "bump version to 1.4.0", "v": "1.4.0"}, {}, q2) == {
+        "message": "bump version to 1.4.0", "v": "1.4.0"}
+
+
+def test_complete_ids_gives_a_cut_id_its_head_back():
+    from nexus_cli.stages.arguments import complete_ids
+
+    ctx = "search knowledge base KB7QX2M4LP for the parental leave policy, top 5"
+    notes: list[str] = []
+    assert complete_ids({"knowledgeBaseId": "7QX2M4LP", "n": 5}, ctx, "", notes) == {
+        "knowledgeBaseId": "KB7QX2M4LP", "n": 5}
+    assert notes == ["knowledgeBaseId: '7QX2M4LP' -> 'KB7QX2M4LP'"]
+    # a word of the request, a plain word, a short id, and an id two words end with stay
+    for v, c in [("KB7QX2M4LP", ctx), ("policy", "the leave policy"), ("X2M4", ctx),
+                 ("7QX2M4LP", "KB7QX2M4LP or AB7QX2M4LP")]:
+        assert complete_ids({"id": v}, c) == {"id": v}

@@ -39,6 +39,7 @@ HISTORY_TURNS = 6  # most recent messages kept
 HISTORY_BUDGET_CHARS = 1200  # whole window
 TURN_MAX_CHARS = 400  # one verbatim turn
 PAYLOAD_MIN_CHARS = 160  # a tool message / JSON blob longer than this becomes a surrogate
+TOOL_RESULT_CHARS = 400  # a tool result in the arguments' window: compact JSON, shrunk to this (tool_digest)
 SIGNATURE_BUDGET_CHARS = 900
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
 TIGHT_STRING_MAX = 64  # the string bound of the retry over the tight grammar (chars)
@@ -130,6 +131,47 @@ def surrogate(content: str) -> str:
     return f"[tool result: {len(words)} chars: {words[:80]}…]"
 
 
+# (items kept per list, characters per string, nesting depth) tried in turn until a digest fits its budget
+_DIGEST_STEPS = ((8, 60, 4), (6, 40, 3), (4, 30, 3), (3, 20, 2), (2, 16, 2))
+
+
+def _shrink(data: Any, items: int, chars: int, depth: int) -> Any:
+    if isinstance(data, dict):
+        if depth <= 0:
+            return "{…}"
+        return {k: _shrink(v, items, chars, depth - 1) for k, v in data.items()}
+    if isinstance(data, list):
+        if depth <= 0:
+            return f"[{len(data)} items]"
+        out = [_shrink(v, items, chars, depth - 1) for v in data[:items]]
+        return out + [f"+{len(data) - items} more"] if len(data) > items else out
+    if isinstance(data, str) and len(data) > chars:
+        return data[: chars - 1] + "…"
+    return data
+
+
+def tool_digest(content: str, budget: int = TOOL_RESULT_CHARS) -> str:
+    """A tool result for the arguments' window: the JSON itself, compact, when it fits `budget`; else the same JSON
+    with lists, strings and nesting cut in steps until it fits (every key and every short id stays readable:
+    follow-ups take their values from here, "open the second one", "rename that task"); a one-line `surrogate`
+    when even that is too long or the result is not JSON."""
+    try:
+        data = json.loads(content)
+    except (ValueError, TypeError):
+        data = None
+    if not isinstance(data, (dict, list)):
+        text = " ".join(str(content).split())
+        return text if len(text) <= budget else surrogate(content)
+    compact = json.dumps(data, ensure_ascii=False, separators=(", ", ": "))
+    if len(compact) <= budget:
+        return compact
+    for items, chars, depth in _DIGEST_STEPS:
+        text = json.dumps(_shrink(data, items, chars, depth), ensure_ascii=False, separators=(", ", ": "))
+        if len(text) <= budget:
+            return text
+    return surrogate(content)
+
+
 def _as_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -140,9 +182,10 @@ def _as_text(content: Any) -> str:
 
 
 def prune_history(history: Sequence[Any] | None, max_turns: int = HISTORY_TURNS,
-                  budget_chars: int = HISTORY_BUDGET_CHARS) -> list[dict[str, str]]:
+                  budget_chars: int = HISTORY_BUDGET_CHARS, digest: bool = True) -> list[dict[str, str]]:
     """The window the prompt carries: the last `max_turns` messages, tool payloads (role "tool", or JSON longer than
-    PAYLOAD_MIN_CHARS) as surrogates, long turns cut, oldest dropped first to fit `budget_chars`."""
+    PAYLOAD_MIN_CHARS) as digests (`tool_digest`: the values arguments are copied from) or, with digest=False, as
+    one-line surrogates (routing needs the topic only), long turns cut, oldest dropped first to fit `budget_chars`."""
     if not history:
         return []
     msgs: list[dict[str, str]] = []
@@ -155,7 +198,10 @@ def prune_history(history: Sequence[Any] | None, max_turns: int = HISTORY_TURNS,
         stripped = content.strip()
         bulky = role == "tool" or (stripped[:1] in "[{" and len(stripped) > PAYLOAD_MIN_CHARS)
         if bulky and (len(stripped) > PAYLOAD_MIN_CHARS or role == "tool"):
-            content = surrogate(stripped) if len(stripped) > PAYLOAD_MIN_CHARS or stripped[:1] in "[{" else stripped
+            if digest:
+                content = tool_digest(stripped)
+            else:
+                content = surrogate(stripped) if len(stripped) > PAYLOAD_MIN_CHARS or stripped[:1] in "[{" else stripped
         elif len(content) > TURN_MAX_CHARS:
             content = content[:TURN_MAX_CHARS].rstrip() + "…"
         msgs.append({"role": role, "content": " ".join(content.split())})
@@ -456,6 +502,70 @@ def restore_spacing(value: Any, context: str, schema: Any = None, path: str = ""
     return new
 
 
+_CLAUSE_BREAKS = (" -- ", " — ", " - ", "; ", ". ", ", ")
+
+
+def _value_text(v: Any) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return str(int(v)) if float(v).is_integer() else str(v)
+    return v if isinstance(v, str) and len(v) >= 2 else None
+
+
+def cut_swallowed_values(args: dict, schema: Any, query: str, fixed: list[str] | None = None) -> dict:
+    """A top-level string copied from the request that runs on to the request's end and takes in the words another
+    argument was filled from ("best hiking trails near Asheville - just 5 results, and put safesearch on strict"
+    beside count 5 and safeSearch strict) is cut at the last clause break before them: Qwen2.5-0.5B keeps copying
+    past the end of a value. Only when such a break exists and what is left has three characters or more."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    props = props if isinstance(props, dict) else {}
+    q = " ".join(str(query).split())
+    q_low = q.lower().rstrip(" .!?")
+    out = dict(args)
+    for k, v in args.items():
+        if not isinstance(v, str) or len(v) < 20 or _members(props.get(k), v) is not None:
+            continue
+        v_low = " ".join(v.split()).lower().rstrip(" .!?")
+        if not q_low.endswith(v_low):
+            continue  # not a copy running to the request's end
+        others = [t.lower() for o, w in args.items() if o != k for t in [_value_text(w)] if t]
+        hits = [m.start() for t in others
+                for m in re.finditer(rf"(?<![a-z0-9]){re.escape(t)}(?![a-z0-9])", v.lower())]
+        if not hits:
+            continue
+        first = min(hits)
+        cut = max((v.rfind(b, 0, first) for b in _CLAUSE_BREAKS), default=-1)
+        head = v[:cut].strip() if cut > 0 else ""
+        if len(head) >= 3:
+            out[k] = head
+            if fixed is not None:
+                fixed.append(f"{k}: cut before the words of another argument")
+    return out
+
+
+def complete_ids(value: Any, context: str, path: str = "", restored: list[str] | None = None) -> Any:
+    """An id-like string (letters and digits, 5+ characters) that is not a word of the request but ends exactly one
+    word of it gets that word back: Qwen2.5-0.5B wrote `7QX2M4LP` for the knowledge base `KB7QX2M4LP`."""
+    restored = [] if restored is None else restored
+    if isinstance(value, dict):
+        return {k: complete_ids(v, context, f"{path}{k}.", restored) for k, v in value.items()}
+    if isinstance(value, list):
+        return [complete_ids(v, context, f"{path.rstrip('.')}[].", restored) for v in value]
+    if (not isinstance(value, str) or len(value) < 5 or not re.fullmatch(r"[\w-]+", value)
+            or not re.search(r"\d", value) or not re.search(r"[A-Za-z]", value)):
+        return value
+    words = set(re.findall(r"[\w-]+", context))
+    if value in words:
+        return value
+    longer = {w for w in words if w.endswith(value) and len(w) > len(value)}
+    if len(longer) != 1:
+        return value
+    new = longer.pop()
+    restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
+    return new
+
+
 _REF_CHARS = r"A-Za-z0-9_.-"
 
 
@@ -670,8 +780,10 @@ def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Seque
     restored: list[str] = []
     args = restore_path_prefixes(args, context, "", restored)
     args = restore_spacing(args, context, spec.schema, "", restored)
+    args = complete_ids(args, context, "", restored)
     notes += [f"restored {r}" for r in restored]
     fixed: list[str] = []
+    args = cut_swallowed_values(args, spec.schema, query, fixed)
     args = split_repository(args, spec.schema, context, fixed)
     args = convert_units(args, spec.schema, context, fixed)
     args = named_enum_members(args, spec.schema, context, fixed)

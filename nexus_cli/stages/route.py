@@ -31,7 +31,7 @@ def routing_context(history: Sequence[dict] | None) -> str:
         return ""
     from .arguments import prune_history
 
-    msgs = prune_history(history, max_turns=HISTORY_TURNS)
+    msgs = prune_history(history, max_turns=HISTORY_TURNS, digest=False)
     text = " ".join(m["content"] for m in msgs if m.get("content"))
     return text[-HISTORY_CHARS:].strip()
 

@@ -392,6 +392,7 @@ def test_restore_spacing_copies_the_requests_spacing():
     assert restore_spacing({"a": "circle r"}, ctx, schema) == {"a": "circle r"}
     assert restore_spacing({"a": "a b"}, "ab and ab", schema) == {"a": "a b"}
     assert restore_spacing({"a": "abc defgh"}, "abcdefgh or abc  defgh", schema) == {"a": "abc defgh"}
+    assert restore_spacing({"a": "iframe#card-frame"}, "fill the iframe #card-frame", schema) == {"a": "iframe#card-frame"}
 
 
 def test_cut_swallowed_values_ends_a_copy_before_another_arguments_words():

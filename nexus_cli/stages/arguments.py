@@ -475,7 +475,7 @@ def restore_spacing(value: Any, context: str, schema: Any = None, path: str = ""
                     restored: list[str] | None = None) -> Any:
     """A string that is in the request but for its spacing takes the request's spacing: Qwen2.5-0.5B wrote
     `fill="#e63946" />` for `fill="#e63946"/>` when copying markup (its tokens carry their own spaces). Only strings of
-    8 characters or more, outside enums, when the request holds exactly one such stretch."""
+    8 characters or more, outside enums, when the request holds exactly one such stretch with no more whitespace."""
     restored = [] if restored is None else restored
     schema = schema if isinstance(schema, dict) else {}
     if isinstance(value, dict):
@@ -498,6 +498,8 @@ def restore_spacing(value: Any, context: str, schema: Any = None, path: str = ""
     if len(found) != 1:
         return value
     new = found.pop()
+    if sum(ch.isspace() for ch in new) > sum(ch.isspace() for ch in value):
+        return value  # only spaces the model added go: a joined "iframe#id" may be the selector it meant
     restored.append(f"{path.rstrip('.')}: spacing as in the request")
     return new
 

@@ -162,7 +162,8 @@ def _unit_rows(v):
 
 def _resolve_query_precision(precision: str, device: str) -> str:
     if precision not in ("auto", "float32", "bfloat16"):
-        raise ModelError(f"query precision must be auto, float32 or bfloat16, not {precision!r} (NEXUS_QUERY_PRECISION)")
+        raise ModelError(f"query precision must be auto, float32 or bfloat16, not {precision!r} "
+                         "(NEXUS_QUERY_PRECISION)")
     if precision != "auto":
         return precision
     if device != "cpu":

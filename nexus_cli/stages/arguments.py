@@ -28,7 +28,7 @@ import math
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, signature_of, validate_arguments, with_string_limit
@@ -273,17 +273,23 @@ def _related(a: str, b: str) -> bool:
     return a in b or b in a or a[:5] == b[:5]
 
 
-def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
-    """An enum member the model chose is backed by the request when one of its words (split at _, -, camelCase)
-    is written in the request (three letters) or shares a stem with a word of it (four or more): "cycling" backs "bicycling", "directly participating" backs
-    "only_participating". The members are the schema's own words, so a stem match is evidence the request asked
-    for it; an exact-string check would drop every paraphrased choice. Words of the tool's own name (`topic`) back
-    nothing: "notifications" in a request to list_notifications says nothing about "include_read_notifications"."""
+def _words_backed(text: str, context: str, topic: Sequence[str] = ()) -> bool:
+    """Is one of the words of `text` (split at _, -, camelCase) written in `context` (three letters) or sharing a
+    stem with a word of it (four or more, `_related`)? Words of the tool's own name (`topic`) back nothing."""
     ctx_words = set(re.findall(r"[a-z0-9]+", context))
-    words = [w for w in _words(value) if not any(_related(w, t) for t in topic)]
+    words = [w for w in _words(text) if not any(_related(w, t) for t in topic)]
     # three-letter words ("vix" of market_volatility_vix) only as written, longer ones by stem
     return any(w in ctx_words for w in words if len(w) == 3) or any(
         _related(w, c) for w in words if len(w) >= 4 or w in _ABBREVIATIONS for c in ctx_words if len(c) >= 4)
+
+
+def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
+    """An enum member the model chose is backed by the request when one of its words is (`_words_backed`):
+    "cycling" backs "bicycling", "directly participating" backs "only_participating". The members are the schema's
+    own words, so a stem match is evidence the request asked for it; an exact-string check would drop every
+    paraphrased choice. Words of the tool's own name (`topic`) back nothing: "notifications" in a request to
+    list_notifications says nothing about "include_read_notifications"."""
+    return _words_backed(value, context, topic)
 
 
 def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | None = None,
@@ -297,9 +303,7 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
         return True
     if isinstance(value, bool):
         # a word of the field's name, or a word sharing its stem ("autostart" / "start it automatically")
-        return any(w in context for w in _words(name)) or any(
-            _related(w, c) for w in _words(name) if (len(w) >= 4 or w in _ABBREVIATIONS) and not any(_related(w, t) for t in topic)
-            for c in set(re.findall(r"[a-z0-9]+", context)) if len(c) >= 4)
+        return any(w in context for w in _words(name)) or _words_backed(name, context, topic)
     if isinstance(value, (int, float)):
         num = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
         return re.search(rf"(?<![0-9.]){re.escape(num)}(?![0-9])", context) is not None
@@ -325,9 +329,9 @@ true none some make used uses like just""".split())
 
 def described(description: Any, context: str, topic: Sequence[str] = ()) -> bool:
     """Does the request use a word of the flag's own description (first sentence; four-letter words as written,
-    longer ones by a stem shared as in `_related`; the tool name's words and common description words aside)? "just show me the
-    diff" backs `dryRun` ("Preview changes using git-style diff format"): a flag is often asked for by what it does,
-    not by its name. Used for a flag set away from its declared default only (the default changes nothing)."""
+    longer ones by a stem shared as in `_related`; the tool name's words and common description words aside)?
+    "just show me the diff" backs `dryRun` ("Preview changes using git-style diff format"): a flag is often asked
+    for by what it does, not by its name. Used for a flag set away from its declared default only (the default changes nothing)."""
     if not isinstance(description, str) or not description.strip():
         return False
     first = re.split(r"(?<=[.!?])\s", description.strip(), maxsplit=1)[0].lower()
@@ -347,8 +351,9 @@ def _members(schema: Any, value: Any) -> list | None:
         return None
     if isinstance(schema.get("enum"), list):
         return schema["enum"]
-    if isinstance(value, list) and isinstance(schema.get("items"), dict) and isinstance(schema["items"].get("enum"), list):
-        return schema["items"]["enum"]
+    items = schema.get("items")
+    if isinstance(value, list) and isinstance(items, dict) and isinstance(items.get("enum"), list):
+        return items["enum"]
     for branch in schema.get("anyOf") or []:
         found = _members(branch, value) if isinstance(branch, dict) else None
         if found is not None:
@@ -435,8 +440,19 @@ def _strings(value: Any) -> set[str]:
     return {value} if isinstance(value, str) else set()
 
 
-def restore_path_prefixes(value: Any, context: str, path: str = "", restored: list[str] | None = None,
-                          _others: set[str] | None = None) -> Any:
+def _fix_strings(value: Any, fix: Callable[[str, dict, str], str], schema: Any = None, path: str = "") -> Any:
+    """`value` with every string leaf replaced by fix(string, its schema, its path "a.b[].c"), walking objects by
+    `properties` and arrays by `items` of the schema alongside."""
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(value, dict):
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        return {k: _fix_strings(v, fix, props.get(k), f"{path}{k}.") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fix_strings(v, fix, schema.get("items"), f"{path.rstrip('.')}[].") for v in value]
+    return fix(value, schema, path.rstrip(".")) if isinstance(value, str) else value
+
+
+def restore_path_prefixes(value: Any, context: str, path: str = "", restored: list[str] | None = None) -> Any:
     """Strings copied from a path in the request but cut short get the rest back, when the request holds exactly
     one such path (as a whole token) and not the string on its own. Qwen2.5-0.5B drops a leading "/", "~/" or "./"
     ("home/ana/blog" for "/home/ana/blog") and, in multi-segment paths, leading directories ("ledger/x.go" for
@@ -445,30 +461,28 @@ def restore_path_prefixes(value: Any, context: str, path: str = "", restored: li
     (`repo_path` "/srv/blog" with `file` "posts/a.md" from "/srv/blog/posts/a.md"). A host is never a prefix
     ("github.com/acme/api" does not make "acme/api" a URL)."""
     restored = [] if restored is None else restored
-    if _others is None:
-        _others = {s.rstrip("/") for s in _strings(value)}
-    if isinstance(value, dict):
-        return {k: restore_path_prefixes(v, context, f"{path}{k}.", restored, _others) for k, v in value.items()}
-    if isinstance(value, list):
-        return [restore_path_prefixes(v, context, f"{path.rstrip('.')}[].", restored, _others) for v in value]
-    if not isinstance(value, str) or len(value) < 2 or value[0] in "/~.":
-        return value
-    body = re.escape(value) + rf"(?![{_PATH_CHARS}])"
-    if re.search(rf"(?<![{_PATH_CHARS}]){body}", context):
-        return value  # the request has it as written
-    # a root ("/", "~/", "./") and/or leading directories; directories only in front of a multi-segment path
-    dirs = r"(?:[\w-][\w.-]*/)*" if "/" in value else ""
-    prefixes = {m.group(1) for m in re.finditer(rf"(?<![:{_PATH_CHARS}])((?:~/|\./|/)?{dirs}){body}", context)
-                if m.group(1)}
-    prefixes = {pre for pre in prefixes if "." not in pre.lstrip("~./").split("/")[0]}  # no host as a directory
-    if len(prefixes) != 1:
-        return value
-    prefix = prefixes.pop()
-    if prefix.rstrip("/") in _others or prefix.rstrip("/").lstrip("~./") in _others:
-        return value  # the head is an argument of its own: the cut is the point
-    new = prefix + value
-    restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
-    return new
+    others = {s.rstrip("/") for s in _strings(value)}
+
+    def fix(text: str, _schema: dict, where: str) -> str:
+        if len(text) < 2 or text[0] in "/~.":
+            return text
+        body = re.escape(text) + rf"(?![{_PATH_CHARS}])"
+        if re.search(rf"(?<![{_PATH_CHARS}]){body}", context):
+            return text  # the request has it as written
+        # a root ("/", "~/", "./") and/or leading directories; directories only in front of a multi-segment path
+        dirs = r"(?:[\w-][\w.-]*/)*" if "/" in text else ""
+        prefixes = {m.group(1) for m in re.finditer(rf"(?<![:{_PATH_CHARS}])((?:~/|\./|/)?{dirs}){body}", context)
+                    if m.group(1)}
+        prefixes = {pre for pre in prefixes if "." not in pre.lstrip("~./").split("/")[0]}  # no host as a directory
+        if len(prefixes) != 1:
+            return text
+        prefix = prefixes.pop()
+        if prefix.rstrip("/") in others or prefix.rstrip("/").lstrip("~./") in others:
+            return text  # the head is an argument of its own: the cut is the point
+        restored.append(f"{where}: {text!r} -> {prefix + text!r}")
+        return prefix + text
+
+    return _fix_strings(value, fix, None, path)
 
 
 def restore_spacing(value: Any, context: str, schema: Any = None, path: str = "",
@@ -477,31 +491,29 @@ def restore_spacing(value: Any, context: str, schema: Any = None, path: str = ""
     `fill="#e63946" />` for `fill="#e63946"/>` when copying markup (its tokens carry their own spaces). Only strings of
     8 characters or more, outside enums, when the request holds exactly one such stretch with no more whitespace."""
     restored = [] if restored is None else restored
-    schema = schema if isinstance(schema, dict) else {}
-    if isinstance(value, dict):
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        return {k: restore_spacing(v, context, props.get(k), f"{path}{k}.", restored) for k, v in value.items()}
-    if isinstance(value, list):
-        return [restore_spacing(v, context, schema.get("items"), f"{path.rstrip('.')}[].", restored) for v in value]
-    if not isinstance(value, str) or len(value) < 8 or value in context or _members(schema, value) is not None:
-        return value
-    bare = "".join(value.split())
-    if len(bare) < 6:
-        return value
-    kept = [i for i, ch in enumerate(context) if not ch.isspace()]
+    kept = [i for i, ch in enumerate(context) if not ch.isspace()]  # the request without its whitespace, mapped back
     squeezed = "".join(context[i] for i in kept)
-    found = set()
-    start = squeezed.find(bare)
-    while start >= 0:
-        found.add(context[kept[start]:kept[start + len(bare) - 1] + 1])
-        start = squeezed.find(bare, start + 1)
-    if len(found) != 1:
-        return value
-    new = found.pop()
-    if sum(ch.isspace() for ch in new) > sum(ch.isspace() for ch in value):
-        return value  # only spaces the model added go: a joined "iframe#id" may be the selector it meant
-    restored.append(f"{path.rstrip('.')}: spacing as in the request")
-    return new
+
+    def fix(text: str, field_schema: dict, where: str) -> str:
+        if len(text) < 8 or text in context or _members(field_schema, text) is not None:
+            return text
+        bare = "".join(text.split())
+        if len(bare) < 6:
+            return text
+        found = set()
+        start = squeezed.find(bare)
+        while start >= 0:
+            found.add(context[kept[start]:kept[start + len(bare) - 1] + 1])
+            start = squeezed.find(bare, start + 1)
+        if len(found) != 1:
+            return text
+        new = found.pop()
+        if sum(ch.isspace() for ch in new) > sum(ch.isspace() for ch in text):
+            return text  # only spaces the model added go: a joined "iframe#id" may be the selector it meant
+        restored.append(f"{where}: spacing as in the request")
+        return new
+
+    return _fix_strings(value, fix, schema, path)
 
 
 _CLAUSE_BREAKS = (" -- ", " — ", " - ", "; ", ". ", ", ")
@@ -550,22 +562,20 @@ def complete_ids(value: Any, context: str, path: str = "", restored: list[str] |
     """An id-like string (letters and digits, 5+ characters) that is not a word of the request but ends exactly one
     word of it gets that word back: Qwen2.5-0.5B wrote `7QX2M4LP` for the knowledge base `KB7QX2M4LP`."""
     restored = [] if restored is None else restored
-    if isinstance(value, dict):
-        return {k: complete_ids(v, context, f"{path}{k}.", restored) for k, v in value.items()}
-    if isinstance(value, list):
-        return [complete_ids(v, context, f"{path.rstrip('.')}[].", restored) for v in value]
-    if (not isinstance(value, str) or len(value) < 5 or not re.fullmatch(r"[\w-]+", value)
-            or not re.search(r"\d", value) or not re.search(r"[A-Za-z]", value)):
-        return value
     words = set(re.findall(r"[\w-]+", context))
-    if value in words:
-        return value
-    longer = {w for w in words if w.endswith(value) and len(w) > len(value)}
-    if len(longer) != 1:
-        return value
-    new = longer.pop()
-    restored.append(f"{path.rstrip('.')}: {value!r} -> {new!r}")
-    return new
+
+    def fix(text: str, _schema: dict, where: str) -> str:
+        if (len(text) < 5 or text in words or not re.fullmatch(r"[\w-]+", text)
+                or not re.search(r"\d", text) or not re.search(r"[A-Za-z]", text)):
+            return text
+        longer = {w for w in words if w.endswith(text) and len(w) > len(text)}
+        if len(longer) != 1:
+            return text
+        new = longer.pop()
+        restored.append(f"{where}: {text!r} -> {new!r}")
+        return new
+
+    return _fix_strings(value, fix, None, path)
 
 
 _REF_CHARS = r"A-Za-z0-9_.-"

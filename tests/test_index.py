@@ -395,7 +395,8 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
 
     monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
     info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=4)
-    assert "example" in info["data"] and info["n_triples"] == 3 and info["train"]["steps"] == 1
+    assert "example" in info["data"] and info["n_triples"] == 3
+    assert info["epochs"] == rerank.FINETUNE_EPOCHS == info["train"]["steps"]  # 3 triples in batches of 4: a step an epoch
     docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
     gold = {"ship PR 7 once it is green": "merge_pull_request", "squash it into main": "merge_pull_request",
             "which bugs are still open in acme/api": "list_issues"}
@@ -418,3 +419,23 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
     index_stage.build_index(forge_tools, stock, embedder=embedder)
     assert index_stage.load_index(stock).manifest["embedder"]["examples_finetuned"] is False
     assert Router(stock, RouterConfig(model="smollm2-135m"), embedder=embedder).reranker_name == "likelihood"
+
+
+def test_finetune_biencoder_trains_in_both_precisions(tmp_path, embedder):
+    from nexus_cli.adapters.embedder import Embedder, finetune_biencoder
+    from nexus_cli.errors import ModelError
+
+    triples = [("merge it", "merge a pull request", "list issues"), ("ship it", "ship it now", None)]
+    for precision in ("bfloat16", "float32"):
+        log = finetune_biencoder(embedder.path, triples, tmp_path / precision, batch_size=2, precision=precision)
+        assert log["precision"] == precision and log["steps"] == 1 and np.isfinite(log["loss_last"])
+        assert Embedder(str(tmp_path / precision)).encode_one("merge it").shape == (384,)
+    with pytest.raises(ModelError, match="precision must be"):
+        finetune_biencoder(embedder.path, triples, tmp_path / "bad", precision="fp8")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_index_rejects_zero_finetune_epochs(tmp_path):
+    p = run_cli("index", str(FORGE), "--finetune", "--finetune-epochs", "0", "--out", str(tmp_path / "x"))
+    assert p.returncode != 0 and "--finetune-epochs must be at least 1" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()

@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import NexusError, UsageError
+from ..stages.rerank import FINETUNE_EPOCHS
 
 
 def index_command(
@@ -21,7 +22,8 @@ def index_command(
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
-    finetune_budget: float = typer.Option(3600.0, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap: one epoch over 12 examples for each of 955 tools took 29 min on 2 cores)."),
+    finetune_epochs: int = typer.Option(FINETUNE_EPOCHS, "--finetune-epochs", help="Passes over the fine-tuning requests."),
+    finetune_budget: float = typer.Option(3600.0, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
     train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
@@ -34,6 +36,8 @@ def index_command(
         raise UsageError("give at least one REGISTRY file/directory or --mcp CMD")
     if recipe not in ("multi", "doc"):
         raise UsageError(f"unknown --recipe '{recipe}' (multi, doc)")
+    if finetune_epochs < 1:
+        raise UsageError(f"--finetune-epochs must be at least 1, got {finetune_epochs}")
     tools = load_registries(registry) if registry else []
     example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])
@@ -60,7 +64,7 @@ def index_command(
 
         report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
-                             finetune=finetune, finetune_options={"time_budget_s": finetune_budget},
+                             finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs},
                              adapter=adapter, value_masking=value_masking, examples=example_requests,
                              progress=on_progress, sources=sources)
     if as_json:

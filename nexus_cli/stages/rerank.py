@@ -35,6 +35,10 @@ RERANK_K = {"likelihood": 4, "cross": 10, "llm": 10}
 # Written into a fine-tuned embedder's folder: how it was trained (finetune_embedder's record).
 FINETUNE_RECORD = "nexus-finetune.json"
 
+# Passes over the requests when fine-tuning the router embedder: two beat one by 6 points of top-1 on requests held
+# out of the examples themselves (benchmarks/finetune_dev.py, docs/routing.md).
+FINETUNE_EPOCHS = 2
+
 TRAIN_SEED = 7  # differs from the gate calibration seed, so the gate's probes are not the training queries
 
 
@@ -328,9 +332,10 @@ def finetune_record(model_dir) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = 1, batch_size: int = 32,
-                      lr: float = 3e-5, time_budget_s: float = 3600.0, progress=None, seed: int = TRAIN_SEED,
-                      examples: Sequence[Sequence[str]] | None = None) -> dict:
+def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = FINETUNE_EPOCHS,
+                      batch_size: int = 32, lr: float = 3e-5, time_budget_s: float = 3600.0, progress=None,
+                      seed: int = TRAIN_SEED, examples: Sequence[Sequence[str]] | None = None,
+                      precision: str = "auto") -> dict:
     """Fine-tune the bi-encoder on (request, tool doc text, hard negative doc) triples.
 
     The requests are the tools' example requests when `examples` (one list per tool) is given, else
@@ -362,8 +367,9 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
     mined_s = time.perf_counter() - t0
     cb = (lambda s, n: progress("fine-tuning embedder", s, n)) if progress else None
     log = finetune_biencoder(embedder.path, triples, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
-                             time_budget_s=time_budget_s, seed=seed, callback=cb)
+                             time_budget_s=time_budget_s, seed=seed, callback=cb, precision=precision)
     info = {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
+            "epochs": epochs, "lr": lr,
             "mining_seconds": round(mined_s, 1), "train": log, "seed": seed, "on_examples": examples is not None,
             "data": "example requests (nexus index --examples)" if examples is not None
                     else "textgen.training_queries (registry only)"}

@@ -288,7 +288,7 @@ def test_bfloat16_queries_stay_close_to_float32_and_documents_stay_exact(embedde
         assert not np.array_equal(a, b)  # the bfloat16 model really ran
     np.testing.assert_array_equal(exact.encode(texts), half.encode(texts))
     assert embedder.query_precision in ("float32", "bfloat16")  # "auto": whichever this CPU runs natively
-    with pytest.raises(ModelError, match="query precision"):
+    with pytest.raises(ModelError, match="precision must be"):
         Embedder("minilm", query_precision="float16")
 
 

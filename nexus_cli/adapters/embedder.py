@@ -300,8 +300,7 @@ class PairScorer:
         return {"steps": step, "steps_planned": steps_planned, "schedule_steps": horizon[0],
                 "seconds": round(time.perf_counter() - t0, 1),
                 "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
-                "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped,
-            "precision": precision}
+                "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped}
 
     def save(self, path: str | Path) -> None:
         self.model.save_pretrained(str(path), safe_serialization=True)

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from ..config import FINETUNE_EPOCHS
 from ..errors import NexusError, UsageError
-from ..stages.rerank import FINETUNE_EPOCHS
 
 
 def index_command(

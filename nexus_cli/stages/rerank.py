@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..config import FINETUNE_EPOCHS
 from ..errors import NexusError
 from ..results import atomic_write_json
 from . import textgen
@@ -35,9 +36,6 @@ RERANK_K = {"likelihood": 4, "cross": 10, "llm": 10}
 # Written into a fine-tuned embedder's folder: how it was trained (finetune_embedder's record).
 FINETUNE_RECORD = "nexus-finetune.json"
 
-# Passes over the requests when fine-tuning the router embedder: two beat one by 6 points of top-1 on requests held
-# out of the examples themselves (benchmarks/finetune_dev.py, docs/routing.md).
-FINETUNE_EPOCHS = 2
 
 TRAIN_SEED = 7  # differs from the gate calibration seed, so the gate's probes are not the training queries
 

@@ -36,7 +36,6 @@ RERANK_K = {"likelihood": 4, "cross": 10, "llm": 10}
 # Written into a fine-tuned embedder's folder: how it was trained (finetune_embedder's record).
 FINETUNE_RECORD = "nexus-finetune.json"
 
-
 TRAIN_SEED = 7  # differs from the gate calibration seed, so the gate's probes are not the training queries
 
 

@@ -1068,6 +1068,53 @@ def grammar(tool: Any) -> str:
 
 # -------------------------------------------------------------------------------------------------- compile
 
+_DOC_SECTION = re.compile(r"^[ \t]*(?:Args|Arguments|Parameters|Params)[ \t]*:[ \t]*$", re.M | re.I)
+_DOC_SECTION_END = re.compile(r"^[ \t]*(?:Returns?|Raises|Yields?|Examples?|Notes?|Output)[ \t]*:", re.I)
+_DOC_PARAM = re.compile(r"^([ \t]*)([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\([^)]*\))?[ \t]*:[ \t]*(.*)$")
+
+
+def docstring_parameters(description: Any) -> dict[str, str]:
+    """Parameter descriptions written in the tool's description as a docstring section ("Args:" then
+    "    radius: Search radius in meters (defaults to 500m)"), as servers built from Python docstrings send them
+    while their schema's properties carry only a title. Continuation lines are joined; the section ends at the
+    next section header ("Returns:") or at a line indented less than its first parameter."""
+    if not isinstance(description, str):
+        return {}
+    m = _DOC_SECTION.search(description)
+    if not m:
+        return {}
+    out: dict[str, str] = {}
+    current, indent = None, None
+    for line in description[m.end():].splitlines():
+        if not line.strip():
+            continue
+        if _DOC_SECTION_END.match(line):
+            break
+        lead = len(line) - len(line.lstrip())
+        p = _DOC_PARAM.match(line)
+        if p and (indent is None or lead == indent):
+            indent, current = lead, p.group(2)
+            out[current] = p.group(3).strip()
+        elif current is not None and indent is not None and lead > indent:
+            out[current] = f"{out[current]} {line.strip()}".strip()
+        else:
+            break
+    return {k: v for k, v in out.items() if v}
+
+
+def with_docstring_descriptions(normalized: dict, description: Any) -> dict:
+    """The normalized schema with each top-level property that has no description of its own described by the
+    tool's docstring section (docstring_parameters): the prompt's signature then says "radius: Search radius in
+    meters", and the post-processing reads the unit. Properties that have a description keep it."""
+    params = docstring_parameters(description)
+    props = normalized.get("properties") if isinstance(normalized, dict) else None
+    if not params or not isinstance(props, dict):
+        return normalized
+    filled = {k: ({**v, "description": params[k]} if isinstance(v, dict) and not v.get("description") and k in params
+                  else v) for k, v in props.items()}
+    return {**normalized, "properties": filled}
+
+
 def compile_tool(tool: Any) -> ToolSpec:
     """Normalize, sign and compile a tool. Never raises: a schema we cannot handle gives ok=False and a reason."""
     key, name, desc, schema = _tool_parts(tool)
@@ -1082,6 +1129,7 @@ def compile_tool(tool: Any) -> ToolSpec:
         if not isinstance(schema, dict):
             raise SchemaError(f"input schema is a {type(schema).__name__}, not an object")
         normalized, more = normalize_schema(schema)
+        normalized = with_docstring_descriptions(normalized, desc)
         problems += [p for p in more if p not in problems]
         sig = signature_of(name, normalized)
         described = signature_of(name, normalized, descriptions=True, multiline=True)

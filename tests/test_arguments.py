@@ -346,6 +346,57 @@ def test_named_enum_member_replaces_an_unnamed_choice():
     assert named_enum_members({"position": "MID"}, schema, "topology") == {"position": "MID"}
 
 
+def test_post_processing_renames_an_unnamed_enum_member_before_dropping_it():
+    from nexus_cli.stages.arguments import post_process_arguments
+
+    spec = compile_tool(Tool(server="t", name="list_workflow_runs", description="", input_schema={
+        "type": "object", "required": ["workflow_id"], "properties": {
+            "workflow_id": {"type": "string"},
+            "event": {"type": "string", "enum": ["check_run", "push", "pull_request"]},
+            "status": {"type": "string", "enum": ["queued", "completed"]}}}))
+    args, notes = post_process_arguments({"workflow_id": "release.yml", "event": "check_run", "status": "completed"},
+                                         spec, "runs of release.yml triggered by pushes to main", [])
+    # event: check_run is not named, push is ("pushes"): renamed, then kept; status: nothing named, dropped
+    assert args == {"workflow_id": "release.yml", "event": "push"}
+    assert "status" in notes and any("check_run -> push" in n for n in notes)
+
+
+def test_numbers_backed_by_number_words_and_by_the_field_s_unit():
+    from nexus_cli.stages.arguments import unit_backed
+
+    assert supported(2, "go two levels deep", "depth") and supported(12.0, "a twelve item list", "n")
+    assert not supported(1, "open the top one", "page")  # "one" backs no number
+    assert not supported(2, "between us", "depth")  # whole words only
+    meters = {"type": "number", "description": "Search radius in meters (defaults to 500m)"}
+    assert unit_backed(1000, "radius", meters, "everything within 1 km of 40.7128, -74.0060")
+    assert unit_backed(1500, "radius", meters, "within 1.5 km")
+    assert not unit_backed(1000, "radius", meters, "within 2 km")
+    assert not unit_backed(1000, "radius", {"type": "number"}, "within 1 km")  # the field states no unit
+    assert not unit_backed(60, "timeout_s", {}, "limit 60")  # no unit written with the number
+    spec = compile_tool(Tool(server="t", name="explore_area", description="",
+                             input_schema={"type": "object", "properties": {"radius": meters, "limit": {}}}))
+    assert drop_unsupported({"radius": 1000, "limit": 1000}, spec, "within 1 km") == ({"radius": 1000}, ["limit"])
+
+
+def test_strip_field_word_cuts_the_field_s_own_name_out_of_a_value():
+    from nexus_cli.stages.arguments import strip_field_word
+
+    schema = {"properties": {"project": {"type": "string"}, "namespace": {"type": "string"},
+                             "project_name": {"type": "string"}, "query": {"type": "string"},
+                             "mode": {"type": "string", "enum": ["dark project", "light"]}}}
+    ctx = 'search my notes in the work project for "vector database", pods of the staging namespace'
+    notes: list[str] = []
+    out = strip_field_word({"project": "work project", "namespace": "staging namespace",
+                            "project_name": "work project", "query": "vector database"}, schema, ctx, notes)
+    assert out == {"project": "work", "namespace": "staging", "project_name": "work", "query": "vector database"}
+    assert len(notes) == 3
+    # prose fields, enum members, one-word values, and values the request does not write that way stay
+    assert strip_field_word({"query": "work project"}, schema, ctx) == {"query": "work project"}
+    assert strip_field_word({"mode": "dark project"}, schema, "the dark project") == {"mode": "dark project"}
+    assert strip_field_word({"project": "project"}, schema, ctx) == {"project": "project"}
+    assert strip_field_word({"project": "home project"}, schema, ctx) == {"project": "home project"}
+
+
 def test_enum_members_backed_by_a_stem_of_the_request():
     from nexus_cli.stages.arguments import enum_supported
 

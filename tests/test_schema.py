@@ -509,3 +509,33 @@ def test_string_patterns_are_enforced_by_the_grammar():
         assert pattern_gbnf(pat) is None
         spec = compile_tool(tool({"type": "object", "properties": {"v": {"type": "string", "pattern": pat}}}))
         assert spec.ok and any("pattern" in p for p in spec.problems)
+
+
+def test_parameters_documented_in_the_tool_description_describe_bare_properties():
+    from nexus_cli.schema import compile_tool as compile_one, docstring_parameters
+
+    desc = """Find schools near a point.
+
+    Args:
+        latitude: Center point latitude (decimal degrees)
+        radius (float): Search radius in meters
+            (defaults to 2000m)
+        levels: Levels to keep
+
+    Returns:
+        A list of schools
+    """
+    assert docstring_parameters(desc) == {"latitude": "Center point latitude (decimal degrees)",
+                                          "radius": "Search radius in meters (defaults to 2000m)",
+                                          "levels": "Levels to keep"}
+    assert docstring_parameters("No sections here. radius: 5") == {}
+    tool = Tool(server="osm", name="find_schools", description=desc, input_schema={"type": "object", "properties": {
+        "latitude": {"type": "number", "title": "Latitude"}, "radius": {"type": "number"},
+        "levels": {"type": "array", "items": {"type": "string"}, "description": "Which levels"}}})
+    spec = compile_one(tool)
+    props = spec.schema["properties"]
+    # bare properties take the docstring's text; one with its own description keeps it
+    assert props["radius"]["description"].startswith("Search radius in meters")
+    assert props["levels"]["description"] == "Which levels"
+    assert "radius?: number,  // Search radius in meters" in spec.described_signature
+    assert "description" not in spec.input_schema["properties"]["radius"]  # the server's schema is not touched

@@ -292,6 +292,10 @@ def enum_supported(value: str, context: str, topic: Sequence[str] = ()) -> bool:
     return _words_backed(value, context, topic)
 
 
+_NUMBER_WORDS = {n: w for n, w in enumerate("""zero one two three four five six seven eight nine ten eleven twelve
+thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty""".split()) if n >= 2}
+
+
 def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | None = None,
               topic: Sequence[str] = ()) -> bool:
     """Is an optional field's value backed by the request/history text (`context`, already normalized)? `enum`: the
@@ -306,7 +310,11 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
         return any(w in context for w in _words(name)) or _words_backed(name, context, topic)
     if isinstance(value, (int, float)):
         num = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-        return re.search(rf"(?<![0-9.]){re.escape(num)}(?![0-9])", context) is not None
+        if re.search(rf"(?<![0-9.]){re.escape(num)}(?![0-9])", context) is not None:
+            return True
+        # "go two levels deep" backs depth 2 ("one" is left out: "this one", "the top one" back no number)
+        word = _NUMBER_WORDS.get(value) if float(value).is_integer() else None
+        return word is not None and re.search(rf"(?<![a-z]){word}(?![a-z])", context) is not None
     if isinstance(value, str):
         v = _norm_text(value)
         # whole-word match: "it" must not count as backed by "titled"
@@ -375,7 +383,7 @@ def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], t
                 dropped.append(prefix + k)
                 continue
         enum = _members(sub, v)
-        if k in req or supported(v, ctx, k, enum, topic) or (
+        if k in req or supported(v, ctx, k, enum, topic) or unit_backed(v, k, sub, ctx) or (
                 isinstance(v, bool) and isinstance(sub, dict) and v is not sub.get("default")
                 and described(sub.get("description"), ctx, topic)):
             out[k] = v
@@ -673,6 +681,22 @@ def _unit(word: str | None) -> tuple[str, float] | None:
     return None
 
 
+def unit_backed(value: Any, name: str, schema: Any, context: str) -> bool:
+    """A number the request writes in another unit of the field's dimension: radius 1000 (the field in meters) is
+    backed by "within 1 km", timeout 120 (seconds) by "two minutes" only through its digits ("2 minutes")."""
+    if not _is_num(value):
+        return False
+    unit = field_unit(name, schema)
+    if unit is None:
+        return False
+    for m in re.finditer(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", context.lower()):
+        written = _unit(m.group(2))
+        if written is not None and written[0] == unit[0] and written[1] != unit[1]:
+            if abs(float(m.group(1)) * written[1] / unit[1] - float(value)) <= 1e-9 * max(1.0, abs(float(value))):
+                return True
+    return False
+
+
 def convert_units(args: dict, schema: Any, context: str, converted: list[str] | None = None) -> dict:
     """A number copied from the request with its unit left behind: "over the last 10 minutes" -> lookbackSeconds 10,
     "within 1.5 km" -> radius (in meters) 1.5. When the field states its unit (name suffix or description), the value
@@ -781,10 +805,48 @@ def named_enum_members(args: dict, schema: Any, context: str, fixed: list[str] |
     return out
 
 
+# fields whose value is prose: a word of the field's name inside it is part of what the user wrote
+_PROSE_FIELDS = frozenset("""query q text body message content description title prompt comment note notes summary
+search keyword keywords term terms question instructions""".split())
+# words of a field name that do not name what the value is ("project_name": the value is a project)
+_GENERIC_NAME_WORDS = frozenset({"name", "id", "ids", "key", "value", "type", "string", "str", "ref"})
+
+
+def strip_field_word(args: dict, schema: Any, context: str, fixed: list[str] | None = None) -> dict:
+    """A short top-level string value that took in the word naming its own field, as the request wrote it ("search
+    the work project" -> project "work project", "the staging namespace" -> namespace "staging namespace"), loses
+    that word: the user named the field, not a value with that word in it. Only when the request writes the rest
+    followed by that word, the value has two to four words, and the field is not prose (query, title, message)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    props = props if isinstance(props, dict) else {}
+    ctx = " ".join(context.lower().split())
+    out = dict(args)
+    for k, v in args.items():
+        words = [w for w in name_words(k) if w not in _GENERIC_NAME_WORDS]
+        if not isinstance(v, str) or not words or any(w in _PROSE_FIELDS for w in name_words(k)):
+            continue
+        if _members(props.get(k), v) is not None:
+            continue
+        parts = v.split()
+        last = parts[-1].lower() if parts else ""
+        if not 2 <= len(parts) <= 4 or not any(last in (w, w + "s") for w in words):
+            continue
+        head = " ".join(parts[:-1])
+        if re.search(rf"(?<![a-z0-9]){re.escape(head.lower())}\s+{re.escape(last)}(?![a-z0-9])", ctx):
+            out[k] = head
+            if fixed is not None:
+                fixed.append(f"{k}: {v!r} -> {head!r} (the field's own word cut)")
+    return out
+
+
 def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Sequence[dict]) -> tuple[dict, list[str]]:
     """The drop of unsupported optional fields, then the repairs, against the request + history window the prompt
     showed. Returns (args, notes): each dropped field path, then each change as "clamped/restored/repaired <what>"."""
     context = " ".join([str(query)] + [m["content"] for m in window])
+    fixed: list[str] = []
+    # an enum member the request does not name, beside exactly one it does, is replaced before the drop of
+    # unsupported fields would remove it ("triggered by pushes": event check_run -> push)
+    args = named_enum_members(args, spec.schema, context, fixed)
     args, notes = drop_unsupported(args, spec, context)
     clamped: list[str] = []
     args = clamp_numbers(args, spec.schema, "", clamped)
@@ -794,11 +856,10 @@ def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Seque
     args = restore_spacing(args, context, spec.schema, "", restored)
     args = complete_ids(args, context, "", restored)
     notes += [f"restored {r}" for r in restored]
-    fixed: list[str] = []
     args = cut_swallowed_values(args, spec.schema, query, fixed)
+    args = strip_field_word(args, spec.schema, context, fixed)
     args = split_repository(args, spec.schema, context, fixed)
     args = convert_units(args, spec.schema, context, fixed)
-    args = named_enum_members(args, spec.schema, context, fixed)
     notes += [f"repaired {r}" for r in fixed]
     return args, notes
 

@@ -285,7 +285,7 @@ class Router:
     def _spec(self, entry):
         """The arguments stage's ToolSpec for an indexed tool: the stored signature and grammar, the schema as the
         server sent it (or as --registry gives it)."""
-        from ..schema import ToolSpec, normalize_schema
+        from ..schema import ToolSpec, normalize_schema, with_docstring_descriptions
 
         schema = entry.input_schema
         if self._schemas is not None and entry.key in self._schemas:
@@ -294,6 +294,7 @@ class Router:
             normalized, _ = normalize_schema(schema)
         except Exception:  # noqa: BLE001 - the stored problems already say why
             normalized = {}
+        normalized = with_docstring_descriptions(normalized, entry.description)
         return ToolSpec(key=entry.key, name=entry.name, signature=entry.signature, grammar=entry.grammar,
                         schema=normalized, input_schema=schema, description=entry.description,
                         problems=list(entry.problems), ok=bool(entry.ok and entry.grammar),

@@ -394,15 +394,18 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
         return train(base, triples, out, **kw)
 
     monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=4)
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=8)
     assert "example" in info["data"] and info["n_triples"] == 3
-    assert info["epochs"] == rerank.FINETUNE_EPOCHS == info["train"]["steps"]  # 3 triples in batches of 4: a step an epoch
+    # 3 requests against their tool's text + 2 against the other request of their tool (the example-positives
+    # default), in batches of 8: one step an epoch
+    assert info["example_positives"] is rerank.FINETUNE_EXAMPLE_POSITIVES is True and info["n_items"] == 5
+    assert info["epochs"] == rerank.FINETUNE_EPOCHS == info["train"]["steps"]
     docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
     gold = {"ship PR 7 once it is green": "merge_pull_request", "squash it into main": "merge_pull_request",
             "which bugs are still open in acme/api": "list_issues"}
-    assert sorted(q for q, _, _ in seen) == sorted(gold)
-    for q, pos, neg in seen:
-        assert pos == docs[gold[q]] and neg != pos and neg in docs.values()
+    assert sorted(q for q, _, _ in seen[:3]) == sorted(gold)
+    for q, pos, negs in seen[:3]:  # one mined hard negative by default
+        assert pos == docs[gold[q]] and len(negs) == 1 and negs[0] != pos and negs[0] in docs.values()
     tuned = Embedder(str(tmp_path / "ft"))  # a loadable sentence-transformers folder
     assert tuned.encode_one("squash it into main").shape == (384,)
 
@@ -421,6 +424,51 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
     assert Router(stock, RouterConfig(model="smollm2-135m"), embedder=embedder).reranker_name == "likelihood"
 
 
+def test_finetune_mines_several_negatives_and_example_positives(tmp_path, embedder, forge_tools, monkeypatch):
+    import nexus_cli.adapters.embedder as embedder_module
+    from nexus_cli.stages import rerank
+
+    examples = {"forge/merge_pull_request": ["ship PR 7 once it is green", "squash it into main"],
+                "forge/list_issues": ["which bugs are still open in acme/api"]}
+    per_tool, _ = index_stage.match_examples(forge_tools, examples)
+    seen = {}
+
+    def spy(base, items, out, labels=None, **kw):  # record what the trainer gets instead of training
+        seen.update(items=list(items), labels=list(labels))
+        return {"steps": 0}
+
+    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, n_hard=3,
+                                    example_positives=True)
+    docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
+    cls = {d: k for k, d in enumerate(dict.fromkeys(docs.values()))}
+    # 3 requests with the tool text as positive, and 2 more (the merge tool has two requests) whose positive is
+    # the tool's other request; the list tool's lone request has no other request to pair with
+    assert info["n_triples"] == 3 and info["n_items"] == 5 and "3 mined hard negatives" in info["loss"]
+    items, labels = seen["items"], seen["labels"]
+    for (q, pos, negs), (pos_class, neg_classes) in zip(items, labels):
+        owner = "list_issues" if "bugs" in q else "merge_pull_request"
+        assert len(negs) == 3 and len(set(negs)) == 3 and docs[owner] not in negs
+        assert pos_class == cls[docs[owner]] and neg_classes == [cls[n] for n in negs]
+    assert [(q, pos) for q, pos, _ in items[3:]] == [("ship PR 7 once it is green", "squash it into main"),
+                                                      ("squash it into main", "ship PR 7 once it is green")]
+    with pytest.raises(NexusError, match="n_hard must be at least 1"):
+        rerank.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, n_hard=0)
+    # registry-derived requests (no examples) keep one item per request: pairing was measured on examples only
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft2", n_queries=2, example_positives=True)
+    assert info["example_positives"] is False and info["n_items"] == info["n_triples"] == len(seen["items"])
+
+
+def test_same_answer_mask_leaves_out_other_texts_of_the_query_s_class():
+    from nexus_cli.adapters.embedder import same_answer_mask
+
+    # queries 0 and 1 share a class (two requests of one tool); query 2's hard negative is query 0's class
+    mask = same_answer_mask([7, 7, 9], [9, 8, 7])
+    assert mask.tolist() == [[False, True, False, False, False, True],
+                             [True, False, False, False, False, True],
+                             [False, False, False, True, False, False]]
+
+
 def test_finetune_biencoder_trains_in_both_precisions(tmp_path, embedder):
     from nexus_cli.adapters.embedder import Embedder, finetune_biencoder
     from nexus_cli.errors import ModelError
@@ -432,6 +480,8 @@ def test_finetune_biencoder_trains_in_both_precisions(tmp_path, embedder):
         assert Embedder(str(tmp_path / precision)).encode_one("merge it").shape == (384,)
     with pytest.raises(ModelError, match="precision must be"):
         finetune_biencoder(embedder.path, triples, tmp_path / "bad", precision="fp8")
+    with pytest.raises(ModelError, match="one class per positive and per negative"):
+        finetune_biencoder(embedder.path, triples, tmp_path / "bad", labels=[(0, []), (1, [])])
     assert not (tmp_path / "bad").exists()
 
 
@@ -439,3 +489,16 @@ def test_cli_index_rejects_zero_finetune_epochs(tmp_path):
     p = run_cli("index", str(FORGE), "--finetune", "--finetune-epochs", "0", "--out", str(tmp_path / "x"))
     assert p.returncode != 0 and "--finetune-epochs must be at least 1" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
+
+
+def test_cli_index_can_leave_out_example_positives(tmp_path):
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text("".join(json.dumps({"server": "forge", "tool": t, "query": q}) + "\n" for t, q in [
+        ("merge_pull_request", "ship PR 7 once it is green"), ("merge_pull_request", "squash it into main"),
+        ("list_issues", "which bugs are still open in acme/api"), ("list_issues", "show me the open tickets")]))
+    out = tmp_path / "idx"
+    p = run_cli("index", str(FORGE), "--examples", str(examples), "--finetune", "--finetune-epochs", "1",
+                "--no-finetune-example-positives", "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    record = index_stage.load_index(out).manifest["embedder"]["finetuned"]
+    assert record["example_positives"] is False and record["n_items"] == record["n_triples"] == 4

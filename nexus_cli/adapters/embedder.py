@@ -307,12 +307,19 @@ class PairScorer:
         self.tokenizer.save_pretrained(str(path))
 
 
-def finetune_biencoder(base: str | Path, pairs: Sequence[tuple[str, str, str | None]], out: str | Path,
+def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path,
                        epochs: int = 1, batch_size: int = 32, lr: float = 3e-5, scale: float = 20.0, seed: int = 0,
                        max_length: int = 96, time_budget_s: float | None = None, threads: int | None = None,
-                       callback=None, precision: str = "auto") -> dict:
+                       callback=None, precision: str = "auto",
+                       labels: Sequence[tuple[int, Sequence[int]]] | None = None) -> dict:
     """Fine-tune a sentence-transformers bi-encoder with in-batch-negatives ranking loss (MNRL) on (query, positive
-    doc, hard negative doc or None) triples; saves the model to `out`. Returns a training log.
+    text, hard negatives) items, the negatives being None, one text or a list of texts; saves the model to `out`.
+    Returns a training log.
+
+    `labels` (one per item: the positive's class and each negative's class) says which texts of a batch stand for the
+    same answer: a candidate of the query's own class other than its own positive is masked out of its softmax, so two
+    requests of one tool in a batch do not push each other's positives away. Without labels each distinct text is its
+    own class, so only copies of the positive are masked.
 
     `precision` "bfloat16" runs the forward and backward passes under bfloat16 autocast (weights and optimizer state
     stay float32); "auto" picks it where the CPU runs bfloat16 natively, as for query embedding. On the core
@@ -328,6 +335,13 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple[str, str, str | N
     from sentence_transformers import SentenceTransformer
 
     precision = _resolve_precision(precision, "cpu")
+    negatives = [_as_text_list(p[2] if len(p) > 2 else None) for p in pairs]
+    if labels is None:
+        text_class: dict[str, int] = {}
+        labels = [(text_class.setdefault(p[1], len(text_class)), [text_class.setdefault(n, len(text_class)) for n in ns])
+                  for p, ns in zip(pairs, negatives)]
+    elif len(labels) != len(pairs) or any(len(lab[1]) != len(ns) for lab, ns in zip(labels, negatives)):
+        raise ModelError("fine-tuning labels must give one class per positive and per negative of each item")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = SentenceTransformer(str(base), device="cpu")
@@ -349,16 +363,14 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple[str, str, str | N
     for _ in range(epochs):
         rng.shuffle(order)
         for b0 in range(0, len(order), batch_size):
-            batch = [pairs[i] for i in order[b0 : b0 + batch_size]]
-            # a positive doc may repeat within a batch (two queries of one tool): mask those duplicates out
-            qs = [b[0] for b in batch]
-            docs = [b[1] for b in batch]
-            negs = [b[2] for b in batch if b[2]]
+            batch = order[b0 : b0 + batch_size]
+            qs = [pairs[i][0] for i in batch]
+            cands = [pairs[i][1] for i in batch] + [n for i in batch for n in negatives[i]]
+            same = torch.from_numpy(same_answer_mask([labels[i][0] for i in batch],
+                                                     [c for i in batch for c in labels[i][1]]))
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
-                sim = (embed(qs) @ embed(docs + negs).T).float() * scale
-            dup = torch.tensor([[docs[i] == d and i != j for j, d in enumerate(docs + negs)]
-                                for i in range(len(docs))])
-            sim = sim.masked_fill(dup, -1e4)
+                sim = (embed(qs) @ embed(cands).T).float() * scale
+            sim = sim.masked_fill(same, -1e4)
             loss = torch.nn.functional.cross_entropy(sim, torch.arange(len(qs)))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -380,6 +392,27 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple[str, str, str | N
             "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
             "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped,
             "precision": precision}
+
+
+def same_answer_mask(positive_classes: Sequence[int], negative_classes: Sequence[int]):
+    """[queries, candidates] bool mask of a batch's softmax: the candidates are the queries' own positives (in order)
+    then every negative. True where a candidate other than the query's own positive has the query's class (two
+    requests of one tool in a batch): it is not a wrong answer, so it is left out of that query's softmax."""
+    import numpy as np
+
+    own = np.asarray(positive_classes)
+    cand = np.concatenate([own, np.asarray(negative_classes, dtype=own.dtype)])
+    mask = own[:, None] == cand[None, :]
+    mask[np.arange(len(own)), np.arange(len(own))] = False
+    return mask
+
+
+def _as_text_list(negatives) -> list[str]:
+    if negatives is None:
+        return []
+    if isinstance(negatives, str):
+        return [negatives] if negatives else []
+    return [n for n in negatives if n]
 
 
 def train_linear_adapter(queries, vectors, owners, targets, n_tools: int, steps: int = 300, lr: float = 2e-3,

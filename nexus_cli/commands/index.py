@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import FINETUNE_EPOCHS
+from ..config import FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES
 from ..errors import NexusError, UsageError
 
 
@@ -23,7 +23,8 @@ def index_command(
     adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
     finetune_epochs: int = typer.Option(FINETUNE_EPOCHS, "--finetune-epochs", help="Passes over the fine-tuning requests."),
-    finetune_budget: float = typer.Option(3600.0, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
+    finetune_example_positives: bool = typer.Option(FINETUNE_EXAMPLE_POSITIVES, "--finetune-example-positives/--no-finetune-example-positives", help="With --examples, also pair each example request with another of its tool (doubles the training time)."),
+    finetune_budget: float = typer.Option(FINETUNE_BUDGET_S, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
     train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
@@ -64,7 +65,8 @@ def index_command(
 
         report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
-                             finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs},
+                             finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs,
+                                               "example_positives": finetune_example_positives},
                              adapter=adapter, value_masking=value_masking, examples=example_requests,
                              progress=on_progress, sources=sources)
     if as_json:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import FINETUNE_EPOCHS
+from ..config import FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES
 from ..errors import NexusError
 from ..results import atomic_write_json
 from . import textgen
@@ -330,19 +330,25 @@ def finetune_record(model_dir) -> dict | None:
 
 
 def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs: int = FINETUNE_EPOCHS,
-                      batch_size: int = 32, lr: float = 3e-5, time_budget_s: float = 3600.0, progress=None,
-                      seed: int = TRAIN_SEED, examples: Sequence[Sequence[str]] | None = None,
-                      precision: str = "auto") -> dict:
-    """Fine-tune the bi-encoder on (request, tool doc text, hard negative doc) triples.
+                      batch_size: int = 32, lr: float = 3e-5, time_budget_s: float = FINETUNE_BUDGET_S,
+                      progress=None, seed: int = TRAIN_SEED, examples: Sequence[Sequence[str]] | None = None,
+                      precision: str = "auto", n_hard: int = 1,
+                      example_positives: bool = FINETUNE_EXAMPLE_POSITIVES) -> dict:
+    """Fine-tune the bi-encoder on (request, tool doc text, hard negative docs) items.
 
     The requests are the tools' example requests when `examples` (one list per tool) is given, else
-    registry-derived ones (textgen.training_queries). Hard negative of a request = the tool the *base* embedder ranks
-    highest among the wrong ones whose text differs from the right one's (an exact duplicate in another server
-    generation is not wrong); the loss is in-batch-negatives softmax (MNRL) with that extra negative. Saves to
-    out_dir."""
+    registry-derived ones (textgen.training_queries). Hard negatives of a request = the `n_hard` tools the *base*
+    embedder ranks highest among the wrong ones whose text differs from the right one's (an exact duplicate in another
+    server generation is not wrong; two copies of one wrong text count once); the loss is in-batch-negatives softmax
+    (MNRL) with those extra negatives. With `examples`, `example_positives` adds, for each request of a tool with
+    several, a second item whose positive is another example request of that tool: the index scores a tool by the max over its vectors, most of
+    them example requests, so requests of one tool are taught to meet each other as well as the tool's text. Texts of
+    one tool are one class in the loss, so they never act as each other's negatives. Saves to out_dir."""
     from ..adapters.embedder import finetune_biencoder
     from .index import doc_text_for
 
+    if n_hard < 1:
+        raise NexusError(f"n_hard must be at least 1, got {n_hard}")
     t0 = time.perf_counter()
     rng = random.Random(seed)
     docs = [doc_text_for(t) for t in tools]
@@ -359,17 +365,41 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
     text_id = {d: k for k, d in enumerate(dict.fromkeys(docs))}
     doc_text = np.asarray([text_id[d] for d in docs])
     sims[doc_text[None, :] == doc_text[np.asarray(owners)][:, None]] = -np.inf  # the tool itself and its exact twins
-    hard = np.argmax(sims, axis=1)
-    triples = [(q, docs[o], docs[int(h)]) for q, o, h in zip(qs, owners, hard)]
+    hard = [_distinct_top(row, doc_text, n_hard) for row in sims]
+    items = [(q, docs[o], [docs[h] for h in hs]) for q, o, hs in zip(qs, owners, hard)]
+    labels = [(int(doc_text[o]), [int(doc_text[h]) for h in hs]) for o, hs in zip(owners, hard)]
+    example_positives = example_positives and examples is not None  # measured on example requests only
+    if example_positives:
+        by_tool: dict[int, list[str]] = {}
+        for q, o in zip(qs, owners):
+            by_tool.setdefault(o, []).append(q)
+        for q, o, hs, lab in zip(qs, owners, hard, list(labels)):
+            others = [x for x in by_tool[o] if x != q]
+            if others:
+                items.append((q, rng.choice(others), [docs[h] for h in hs]))
+                labels.append(lab)
     mined_s = time.perf_counter() - t0
     cb = (lambda s, n: progress("fine-tuning embedder", s, n)) if progress else None
-    log = finetune_biencoder(embedder.path, triples, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
-                             time_budget_s=time_budget_s, seed=seed, callback=cb, precision=precision)
-    info = {"base": Path(embedder.path).name, "n_triples": len(triples), "loss": "MNRL + 1 mined hard negative",
-            "epochs": epochs, "lr": lr,
+    log = finetune_biencoder(embedder.path, items, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
+                             time_budget_s=time_budget_s, seed=seed, callback=cb, precision=precision, labels=labels)
+    info = {"base": Path(embedder.path).name, "n_triples": len(qs), "n_items": len(items),
+            "loss": f"MNRL + {n_hard} mined hard negative{'s' if n_hard > 1 else ''}"
+                    + (" + other example requests as positives" if example_positives else ""),
+            "epochs": epochs, "lr": lr, "n_hard": n_hard, "example_positives": example_positives,
             "mining_seconds": round(mined_s, 1), "train": log, "seed": seed, "on_examples": examples is not None,
             "data": "example requests (nexus index --examples)" if examples is not None
                     else "textgen.training_queries (registry only)"}
     # the record travels with the model folder, so an index built later with `--embedder THAT_FOLDER` knows it too
     atomic_write_json(Path(out_dir) / FINETUNE_RECORD, info)
     return info
+
+
+def _distinct_top(scores: np.ndarray, text_of: np.ndarray, n: int) -> list[int]:
+    """The n highest-scoring indices with pairwise different texts (two copies of one wrong tool are one negative)."""
+    picked: list[int] = []
+    for h in np.argsort(-scores, kind="stable"):
+        if len(picked) == n or not np.isfinite(scores[h]):
+            break
+        if all(text_of[h] != text_of[x] for x in picked):
+            picked.append(int(h))
+    return picked

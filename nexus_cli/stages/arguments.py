@@ -689,12 +689,21 @@ def unit_backed(value: Any, name: str, schema: Any, context: str) -> bool:
     unit = field_unit(name, schema)
     if unit is None:
         return False
-    for m in re.finditer(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", context.lower()):
-        written = _unit(m.group(2))
+    for number, word in _quantities(context):
+        written = _unit(word)
         if written is not None and written[0] == unit[0] and written[1] != unit[1]:
-            if abs(float(m.group(1)) * written[1] / unit[1] - float(value)) <= 1e-9 * max(1.0, abs(float(value))):
+            if abs(float(number) * written[1] / unit[1] - float(value)) <= 1e-9 * max(1.0, abs(float(value))):
                 return True
     return False
+
+
+# a number of the request (not part of a longer one, such as a version "1.2.3") and the word right after it
+_QUANTITY = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?!\.?[0-9])\s*([a-z]+)?")
+
+
+def _quantities(context: str) -> list[tuple[str, str | None]]:
+    """(number as written, the word after it or None) for every number of the text, lower-cased."""
+    return [(m.group(1), m.group(2)) for m in _QUANTITY.finditer(context.lower())]
 
 
 def convert_units(args: dict, schema: Any, context: str, converted: list[str] | None = None) -> dict:
@@ -714,10 +723,10 @@ def convert_units(args: dict, schema: Any, context: str, converted: list[str] | 
         if unit is None:
             continue
         num = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-        hits = list(re.finditer(rf"(?<![0-9.]){re.escape(num)}(?![0-9]|\.[0-9])\s*([a-z]+)?", context.lower()))
+        hits = [word for number, word in _quantities(context) if number == num]
         if len(hits) != 1:
             continue
-        written = _unit(hits[0].group(1))
+        written = _unit(hits[0])
         if written is None or written[0] != unit[0] or written[1] == unit[1]:
             continue
         new = v * written[1] / unit[1]
@@ -727,7 +736,7 @@ def convert_units(args: dict, schema: Any, context: str, converted: list[str] | 
         elif sub.get("type") == "integer" or isinstance(v, int):
             continue
         out[k] = new
-        converted.append(f"{k}: {v} {hits[0].group(1)} -> {new}")
+        converted.append(f"{k}: {v} {hits[0]} -> {new}")
     return out
 
 
@@ -822,8 +831,9 @@ def strip_field_word(args: dict, schema: Any, context: str, fixed: list[str] | N
     ctx = " ".join(context.lower().split())
     out = dict(args)
     for k, v in args.items():
-        words = [w for w in name_words(k) if w not in _GENERIC_NAME_WORDS]
-        if not isinstance(v, str) or not words or any(w in _PROSE_FIELDS for w in name_words(k)):
+        field_words = name_words(k)
+        words = [w for w in field_words if w not in _GENERIC_NAME_WORDS]
+        if not isinstance(v, str) or not words or any(w in _PROSE_FIELDS for w in field_words):
             continue
         if _members(props.get(k), v) is not None:
             continue

@@ -341,9 +341,10 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
     embedder ranks highest among the wrong ones whose text differs from the right one's (an exact duplicate in another
     server generation is not wrong; two copies of one wrong text count once); the loss is in-batch-negatives softmax
     (MNRL) with those extra negatives. With `examples`, `example_positives` adds, for each request of a tool with
-    several, a second item whose positive is another example request of that tool: the index scores a tool by the max over its vectors, most of
-    them example requests, so requests of one tool are taught to meet each other as well as the tool's text. Texts of
-    one tool are one class in the loss, so they never act as each other's negatives. Saves to out_dir."""
+    several, a second item whose positive is another example request of that tool: the index scores a tool by the
+    max over its vectors, most of them example requests, so requests of one tool are taught to meet each other as
+    well as the tool's text. Texts of one tool are one class in the loss, so they never act as each other's
+    negatives. Saves to out_dir."""
     from ..adapters.embedder import finetune_biencoder
     from .index import doc_text_for
 
@@ -373,10 +374,10 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
         by_tool: dict[int, list[str]] = {}
         for q, o in zip(qs, owners):
             by_tool.setdefault(o, []).append(q)
-        for q, o, hs, lab in zip(qs, owners, hard, list(labels)):
+        for (q, _doc, negs), lab, o in list(zip(items, labels, owners)):  # the same negatives, another positive
             others = [x for x in by_tool[o] if x != q]
             if others:
-                items.append((q, rng.choice(others), [docs[h] for h in hs]))
+                items.append((q, rng.choice(others), negs))
                 labels.append(lab)
     mined_s = time.perf_counter() - t0
     cb = (lambda s, n: progress("fine-tuning embedder", s, n)) if progress else None

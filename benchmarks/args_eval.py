@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.schema import compile_tool, validate_arguments  # noqa: E402
-from nexus_cli.stages.arguments import generate_arguments  # noqa: E402
+from nexus_cli.stages.arguments import COPY_BIAS, generate_arguments  # noqa: E402
 
 
 def values_equal(a, b) -> bool:
@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--few-shot", action="store_true", help="add the synthetic micro example (off by default)")
     ap.add_argument("--no-post", action="store_true", help="keep optional fields the context does not support")
     ap.add_argument("--no-descriptions", action="store_true", help="bare one-line signature in the prompt")
+    ap.add_argument("--copy-bias", type=float, default=None,
+                    help="logit bias toward the conversation's own tokens (default: arguments.COPY_BIAS; 0 = off)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
             continue
         spec = compile_tool(tool)
         res = generate_arguments(ctx, spec, c["query"], c.get("history"), few_shot=a.few_shot,
-                                 descriptions=not a.no_descriptions, post_process=not a.no_post)
+                                 descriptions=not a.no_descriptions, post_process=not a.no_post, bias=a.copy_bias)
         try:
             json.loads(res.raw)
             json_ok += 1
@@ -137,7 +139,8 @@ def main(argv=None) -> int:
     report = {
         "suite": "args_eval (gold tool given)",
         "cases_file": str(a.cases), "cases": n, "model": a.model, "threads": ctx.n_threads,
-        "config": {"few_shot": a.few_shot, "post_process": not a.no_post, "descriptions": not a.no_descriptions},
+        "config": {"few_shot": a.few_shot, "post_process": not a.no_post, "descriptions": not a.no_descriptions,
+                   "copy_bias": COPY_BIAS if a.copy_bias is None else a.copy_bias},
         "specified_args": spec_total, "specified_right": spec_ok,
         "specified_accuracy": round(spec_ok / spec_total, 4) if spec_total else None,
         "cases_all_right": sum(all(p["right"].values()) for p in per_case),

@@ -178,6 +178,19 @@ def test_generate_greedy_is_deterministic_and_grammar_constrains(ctx, smol):
         ctx.generate(prompt, max_tokens=4, grammar="root ::= (")
 
 
+def test_logit_bias_moves_the_greedy_choice(ctx, smol):
+    """A bias on one alternative's token decides a choice the grammar leaves open, either way."""
+    prompt = smol.chat_tokens([{"role": "user", "content": "Pick a colour."}])
+    grammar = 'root ::= "red" | "blue"'
+    first = {w: smol.tokenize(w, parse_special=False)[0] for w in ("red", "blue")}
+    assert first["red"] != first["blue"]
+    for want, other in (("red", "blue"), ("blue", "red")):
+        g = ctx.generate(prompt, max_tokens=4, grammar=grammar, logit_bias={first[want]: 30.0, first[other]: -30.0})
+        assert g.text == want, g.text
+    plain = ctx.generate(prompt, max_tokens=4, grammar=grammar)
+    assert ctx.generate(prompt, max_tokens=4, grammar=grammar, logit_bias={}).text == plain.text
+
+
 def test_generate_reuses_a_warm_prefix(ctx, smol):
     prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
     cold = ctx.generate(prompt, max_tokens=6)

@@ -168,6 +168,27 @@ def test_llama_cpp_accepts_every_real_grammar(smollm):
     assert not failed, failed[:10]
 
 
+def test_copy_bias_lifts_the_conversation_s_words_keys_and_json_punctuation(smollm):
+    """copy_bias: +bias on the request's tokens (also each word alone, after a space and in other case), the tool's
+    keys, true/false/null and every token without a letter; a word written nowhere gets nothing."""
+    from nexus_cli.stages.arguments import copy_bias
+
+    model = smollm.model
+    lift = copy_bias(model, "list data.gov tags about wildfire, hit enter", 2.0, keys=["pageSize"])
+    assert set(lift.values()) == {2.0}
+
+    def has(text):
+        return all(t in lift for t in model.tokenize(text, parse_special=False))
+
+    for text in ("wildfire", " wildfire", "Enter", "ENTER", '"pageSize"', "true", "false", "null", '"', '"}', ", ",
+                 "2024", "-"):
+        assert has(text), text
+    for text in ("fireworks", " Beijing", "Design"):
+        assert not has(text), text
+    assert any(model.is_eog(t) for t in lift)
+    assert copy_bias(model, "anything", 0.0) == {}
+
+
 @pytest.mark.slow
 def test_smollm_end_to_end_valid_arguments(smollm):
     tools = {t.name: t for t in load_registries([FORGE])}

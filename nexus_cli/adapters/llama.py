@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -656,6 +656,7 @@ class LlamaContext:
         start_pos: int = 0,
         seed: int = 0,
         stop_at_eog: bool = True,
+        logit_bias: Mapping[int, float] | None = None,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens after `prompt_tokens`, optionally constrained by a GBNF grammar.
 
@@ -670,6 +671,9 @@ class LlamaContext:
         max_tokens. A grammar that is complete admits only end-of-generation tokens, so a grammar-constrained
         generation ends by itself once its root rule is matched.
 
+        logit_bias: {token id: value} added to those tokens' logits at every step (before the grammar and the
+        sampler).
+
         Returns GenerationResult(text, tokens, n_prompt, t_first_token_ms, t_total_ms, stop)."""
         L = _lib()
         t0 = time.perf_counter()
@@ -679,6 +683,11 @@ class LlamaContext:
         if not chain:
             raise ModelError("llama_sampler_chain_init failed")
         try:
+            if logit_bias:
+                items = (L.llama_logit_bias * len(logit_bias))(
+                    *[L.llama_logit_bias(int(t), float(b)) for t, b in logit_bias.items()])
+                n_vocab = L.llama_vocab_n_tokens(self.model._vocab)
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n_vocab, len(logit_bias), items))
             if grammar is not None:
                 with _quiet_stderr():  # llama.cpp's grammar parser prints its errors straight to stderr
                     g = L.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")

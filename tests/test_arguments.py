@@ -168,6 +168,27 @@ def test_llama_cpp_accepts_every_real_grammar(smollm):
     assert not failed, failed[:10]
 
 
+def test_stated_optional_keys_are_the_left_out_fields_the_request_names():
+    from nexus_cli.stages.arguments import stated_optional_keys
+
+    schema = {"type": "object", "required": ["owner"], "properties": {
+        "owner": {"type": "string"}, "state": {"type": "string", "enum": ["open", "closed", "all"]},
+        "perPage": {"type": "integer"}, "page": {"type": "integer"}, "since": {"type": "string"},
+        "assignee_ids": {"type": "array", "items": {"type": "integer"}}, "draft": {"type": "boolean"},
+        "pull_number": {"type": "integer"}, "milestone": {"type": "integer"}}}
+    topic = ["list", "pull", "requests"]
+    ctx = "list closed pull requests of acme, 50 per page, since 2024-06-01, assignee ids 17 and 42, drafts too"
+    got = stated_optional_keys({"owner": "acme", "perPage": 50}, schema, ctx, topic)
+    # page: its word is perPage's; draft: a flag; pull_number: a word of the tool's name; milestone: not written
+    assert got == ["state", "since", "assignee_ids"]
+    # perPage left out: "per page" names it, and not page as well (the more specific field)
+    assert stated_optional_keys({"owner": "acme", "state": "closed"}, schema, ctx, topic) == ["perPage", "since",
+                                                                                               "assignee_ids"]
+    # two members named: the request does not say which one
+    assert "state" not in stated_optional_keys({"owner": "a"}, schema, "open or closed ones", topic)
+    assert stated_optional_keys({}, {"type": "object"}, ctx) == []
+
+
 def test_copy_bias_lifts_the_conversation_s_words_keys_and_json_punctuation(smollm):
     """copy_bias: +bias on the request's tokens (also each word alone, after a space and in other case), the tool's
     keys, true/false/null and every token without a letter; a word written nowhere gets nothing."""

@@ -14,7 +14,8 @@ possible source cannot be copied from it; this stops a small model's runaway str
 of tokens before its JSON closes is retried once over the tool's tight grammar (arrays of at most two items,
 free-form objects empty, recursion cut after one level, strings of at most 64 characters). Numbers outside their
 schema's minimum/maximum (which a grammar cannot express) are clamped onto the bound. Post-processing drops optional fields whose values are not supported by the request or the history window (the
-model's habit of inventing them); required fields are never touched. The result is then validated with jsonschema
+model's habit of inventing them); required fields are never touched. Optional fields the request states and the
+answer left out get a second pass whose grammar requires them (stated_optional_keys). The result is then validated with jsonschema
 against the ORIGINAL schema the server sent; every violation is reported in `ArgsResult.errors` (valid=False).
 
 A copy bias (copy_bias: a logit bias toward the conversation's own tokens) is implemented and off (COPY_BIAS = 0):
@@ -44,6 +45,7 @@ TURN_MAX_CHARS = 400  # one verbatim turn
 PAYLOAD_MIN_CHARS = 160  # a tool message / JSON blob longer than this becomes a surrogate
 TOOL_RESULT_CHARS = 400  # a tool result in the arguments' window: compact JSON, shrunk to this (tool_digest)
 SIGNATURE_BUDGET_CHARS = 900
+STATED_KEYS_PASS = True  # a second pass for optional fields the request states and the answer left out
 COPY_BIAS = 0.0  # logit bias toward the conversation's own tokens (copy_bias); 0 turns it off
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
 TIGHT_STRING_MAX = 64  # the string bound of the retry over the tight grammar (chars)
@@ -822,6 +824,36 @@ def copy_bias(model: Any, context: str, bias: float = COPY_BIAS, keys: Sequence[
     return {t: float(bias) for t in ids}
 
 
+def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
+                      max_tokens: int, seq_id: int, lift: dict) -> dict:
+    """The values of the optional fields the first answer left out although the request states them
+    (stated_optional_keys), from a second greedy pass over the same prompt whose grammar makes them required; the
+    first answer's other values are kept. {} when there is none; else {key: value, ..., "_ms": time}. The values
+    still go through the drop of unsupported fields like any other."""
+    keys = stated_optional_keys(args, spec.schema, source, _words(spec.name))
+    schema = spec.input_schema
+    if not keys or not isinstance(schema, dict):
+        return {}
+    forced = {**schema, "required": list(schema.get("required") or []) + keys}
+    try:
+        gbnf, _ = grammar_of(spec.name, forced)
+    except NexusError:
+        return {}
+    # the prompt's cells are still in the cache: only its last token is decoded again
+    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
+                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0,
+                       logit_bias=lift)
+    try:
+        second = json.loads(res.text)
+    except ValueError:
+        return {}
+    if not isinstance(second, dict):
+        return {}
+    out: dict = {k: second[k] for k in keys if k in second}
+    out["_ms"] = res.t_total_ms
+    return out
+
+
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
@@ -873,6 +905,40 @@ def named_enum_members(args: dict, schema: Any, context: str, fixed: list[str] |
             if fixed is not None:
                 fixed.append(f"{k}: {v} -> {named[0]} (named in the request)")
     return out
+
+
+def stated_optional_keys(args: dict, schema: Any, context: str, topic: Sequence[str] = ()) -> list[str]:
+    """Top-level optional fields the answer left out although the request names them: a string enum with exactly
+    one member written in the request as words ("list closed PRs": `state`), or a non-boolean field every
+    distinctive word of whose name the request writes ("assignee ids 17 and 42": `assignee_ids`, "since 2024-06-01":
+    `since`). Words of the tool's own name and generic ones (name, id, type, ...) do not count. A small model
+    leaves stated optional filters out (docs/arguments.md); these are the ones worth a second, forced pass."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return []
+    required = set(schema.get("required") or [])
+    ctx = " ".join(re.sub(r"[^a-z0-9]+", " ", context.lower()).split())
+    ctx_words = set(ctx.split())
+    out = []
+    for key, sub in props.items():
+        if key in args or key in required or not isinstance(sub, dict):
+            continue
+        enum = sub.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(m, str) for m in enum):
+            if sum(1 for m in enum if _names(_phrase(m), ctx)) == 1:
+                out.append(key)
+            continue
+        if sub.get("type") == "boolean" or enum:
+            continue
+        words = [w for w in _words(key) if w not in _GENERIC_NAME_WORDS and not any(_related(w, t) for t in topic)]
+        # words a field of the answer already stands for ("50 per page" is perPage's, not page's)
+        taken = {w for k in args for w in _words(k)}
+        if words and not set(words) <= taken and all(
+                w in ctx_words if len(w) == 3 else any(_related(w, c) for c in ctx_words if len(c) >= 4)
+                for w in words):
+            out.append(key)
+    # of two stated fields the more specific one: "per page" names perPage, not page as well
+    return [k for k in out if not any(set(_words(k)) < set(_words(o)) for o in out)]
 
 
 # fields whose value is prose: a word of the field's name inside it is part of what the user wrote
@@ -992,8 +1058,17 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     if not isinstance(args, dict):
         return ArgsResult({}, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "", retried)
     dropped: list[str] = []
+    added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id, lift) \
+        if post_process and STATED_KEYS_PASS else {}
+    if added:
+        t_total += added.pop("_ms")
+        timings["total"] = round(t_total, 2)
+        args = {**args, **added}
+        if seq_id == 0:
+            _WARM[ctx] = (list(tokens), ctx.seq_pos_max(seq_id))
     if post_process:
         args, dropped = post_process_arguments(args, spec, query, window)
+        dropped += [f"added {k} (stated in the request)" for k in added if k in args]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

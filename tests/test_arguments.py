@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from gbnf_match import Grammar
 
 from nexus_cli.errors import SchemaError
 from nexus_cli.registry import Tool, load_registries
@@ -187,6 +188,55 @@ def test_stated_optional_keys_are_the_left_out_fields_the_request_names():
     # two members named: the request does not say which one
     assert "state" not in stated_optional_keys({"owner": "a"}, schema, "open or closed ones", topic)
     assert stated_optional_keys({}, {"type": "object"}, ctx) == []
+
+
+class _Answer:
+    def __init__(self, text):
+        self.text, self.t_total_ms = text, 5.0
+
+
+class _FixedAnswerContext:
+    """Stands in for a LlamaContext whose forced pass writes `text` (the acceptance rule is what is tested here)."""
+
+    def __init__(self, text):
+        self.text, self.calls = text, []
+
+    def generate(self, tokens, **kw):
+        self.calls.append(kw)
+        return _Answer(self.text)
+
+
+def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
+    from nexus_cli.stages.arguments import _longer_lists_pass, one_item_lists
+
+    tool = Tool("charts", "radar", "Draw a radar chart.", {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "value": {"type": "number"}}}},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 1}, "title": {"type": "string"}}})
+    spec = compile_tool(tool)
+    query = "radar chart of my skills: Python 85, SQL 70, Docker 60"
+    first = {"data": [{"name": "Python", "value": 85}], "tags": ["x"], "title": "skills"}
+    assert one_item_lists(first, spec.input_schema) == ["data"]  # tags: maxItems 1
+
+    def run(text):
+        ctx = _FixedAnswerContext(text)
+        out = _longer_lists_pass(ctx, spec, first, [1, 2, 3], query, len(query), 64, 0, {})
+        assert len(ctx.calls) == 1 and ctx.calls[0]["start_pos"] == 2  # only the prompt's last token again
+        forced = Grammar(ctx.calls[0]["grammar"])  # the second pass must write two data points or more
+        assert not forced.accepts(json.dumps({"data": [{"name": "Python", "value": 85}]}))
+        assert forced.accepts(json.dumps({"data": [{"name": "Python", "value": 85}, {"name": "SQL", "value": 70}]}))
+        out.pop("_ms")
+        return out
+
+    # new items written in the request are taken, up to the first one that is not (Kubernetes is nowhere)
+    longer = ('{"data": [{"name": "Python", "value": 85}, {"name": "SQL", "value": 70}, '
+              '{"name": "Docker", "value": 60}, {"name": "Kubernetes", "value": 45}]}')
+    assert run(longer) == {"data": [{"name": "Python", "value": 85}, {"name": "SQL", "value": 70},
+                                    {"name": "Docker", "value": 60}]}
+    # a second item with no value of its own, or a list that starts elsewhere, leaves the answer alone
+    assert run('{"data": [{"name": "Python", "value": 85}, {"name": "Python", "value": 85}]}') == {}
+    assert run('{"data": [{"name": "SQL", "value": 70}, {"name": "Python", "value": 85}]}') == {}
+    assert run("not json") == {}
 
 
 def test_copy_bias_lifts_the_conversation_s_words_keys_and_json_punctuation(smollm):

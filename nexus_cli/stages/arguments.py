@@ -15,7 +15,8 @@ of tokens before its JSON closes is retried once over the tool's tight grammar (
 free-form objects empty, recursion cut after one level, strings of at most 64 characters). Numbers outside their
 schema's minimum/maximum (which a grammar cannot express) are clamped onto the bound. Post-processing drops optional fields whose values are not supported by the request or the history window (the
 model's habit of inventing them); required fields are never touched. Optional fields the request states and the
-answer left out get a second pass whose grammar requires them (stated_optional_keys). The result is then validated with jsonschema
+answer left out get a second pass whose grammar requires them (stated_optional_keys), and a list closed after
+one item one whose grammar asks for more (one_item_lists; new items kept only while the request writes them). The result is then validated with jsonschema
 against the ORIGINAL schema the server sent; every violation is reported in `ArgsResult.errors` (valid=False).
 
 A copy bias (copy_bias: a logit bias toward the conversation's own tokens) is implemented and off (COPY_BIAS = 0):
@@ -45,6 +46,7 @@ TURN_MAX_CHARS = 400  # one verbatim turn
 PAYLOAD_MIN_CHARS = 160  # a tool message / JSON blob longer than this becomes a surrogate
 TOOL_RESULT_CHARS = 400  # a tool result in the arguments' window: compact JSON, shrunk to this (tool_digest)
 SIGNATURE_BUDGET_CHARS = 900
+LONGER_LISTS_PASS = True  # a second pass for a list the answer closed after one item
 STATED_KEYS_PASS = True  # a second pass for optional fields the request states and the answer left out
 COPY_BIAS = 0.0  # logit bias toward the conversation's own tokens (copy_bias); 0 turns it off
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
@@ -854,6 +856,84 @@ def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int
     return out
 
 
+def _item_backed(item: Any, context: str) -> bool:
+    """Every string and number inside a list item is written in the (normalized) context; flags and nulls are free."""
+    if item is None or isinstance(item, bool):
+        return True
+    if isinstance(item, (int, float, str)):
+        return supported(item, context)
+    if isinstance(item, list):
+        return all(_item_backed(x, context) for x in item)
+    if isinstance(item, dict):
+        return bool(item) and all(_item_backed(v, context) for v in item.values())
+    return False
+
+
+def _leaves(item: Any) -> set[str]:
+    """The strings and numbers inside a value, as JSON text (flags and nulls left out)."""
+    if isinstance(item, dict):
+        return set().union(*(_leaves(v) for v in item.values())) if item else set()
+    if isinstance(item, list):
+        return set().union(*(_leaves(v) for v in item)) if item else set()
+    if item is None or isinstance(item, bool):
+        return set()
+    return {json.dumps(item)}
+
+
+def one_item_lists(args: dict, schema: Any) -> list[str]:
+    """Top-level fields whose answer is a list of one item although their schema (a plain array, no maxItems below
+    two) allows more: a small model often closes a list after its first item ("Python 85, SQL 70, Docker 60" → one
+    data point)."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return []
+    return [k for k, v in args.items() if isinstance(v, list) and len(v) == 1 and isinstance(props.get(k), dict)
+            and props[k].get("type") == "array" and int(props[k].get("maxItems", 2) or 0) >= 2]
+
+
+def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
+                       max_tokens: int, seq_id: int, lift: dict) -> dict:
+    """For each one-item list of the answer (one_item_lists), a second greedy pass whose grammar asks for at least
+    two items; its list replaces the answer's when it starts with the same item, and is kept up to the first item
+    that brings no value of its own or is not written in the request + window (every string and number of it), so
+    a list that really has one item stays as it was. {} when nothing changes; else {key: longer list, ..., "_ms": time}."""
+    keys = one_item_lists(args, spec.input_schema)
+    schema = spec.input_schema
+    if not keys:
+        return {}
+    props = dict(schema["properties"])
+    for k in keys:
+        props[k] = {**props[k], "minItems": max(2, int(props[k].get("minItems", 0) or 0))}
+    try:
+        gbnf, _ = grammar_of(spec.name, {**schema, "properties": props})
+    except NexusError:
+        return {}
+    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
+                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0,
+                       logit_bias=lift)
+    out: dict = {"_ms": res.t_total_ms}
+    try:
+        second = json.loads(res.text)
+    except ValueError:
+        return out
+    context = _norm_text(source)
+    for k in keys:
+        longer = second.get(k) if isinstance(second, dict) else None
+        if not isinstance(longer, list) or not longer or longer[0] != args[k][0]:
+            continue
+        kept = [longer[0]]
+        seen = _leaves(longer[0])
+        for item in longer[1:]:
+            # an item counts when it brings a value no earlier item has (not a no-op copy of the first one)
+            if not (_leaves(item) - seen) or not _item_backed(item, context):
+                break
+            kept.append(item)
+            seen |= _leaves(item)
+        if len(kept) > 1:
+            out[k] = kept
+    return out
+
+
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
@@ -1060,15 +1140,18 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     dropped: list[str] = []
     added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id, lift) \
         if post_process and STATED_KEYS_PASS else {}
-    if added:
-        t_total += added.pop("_ms")
+    longer = _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id, lift) \
+        if post_process and LONGER_LISTS_PASS else {}
+    if added or longer:
+        t_total += added.pop("_ms", 0.0) + longer.pop("_ms", 0.0)
         timings["total"] = round(t_total, 2)
-        args = {**args, **added}
+        args = {**args, **added, **longer}
         if seq_id == 0:
             _WARM[ctx] = (list(tokens), ctx.seq_pos_max(seq_id))
     if post_process:
         args, dropped = post_process_arguments(args, spec, query, window)
         dropped += [f"added {k} (stated in the request)" for k in added if k in args]
+        dropped += [f"extended {k} to {len(v)} items" for k, v in longer.items() if k in args]
     errors = validate_arguments(spec.input_schema, args)
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"], retried)

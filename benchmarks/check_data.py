@@ -49,6 +49,7 @@ QUERY_FILES = {
     "args_e": HERE / "queries" / "args_cases_e.jsonl",
     "args_f": HERE / "queries" / "args_cases_f.jsonl",
     "args_g": HERE / "queries" / "args_cases_g.jsonl",
+    "args_h": HERE / "queries" / "args_cases_h.jsonl",
     "demo": REPO / "tool_registries" / "demo_queries.jsonl",
 }
 ROLES = {"user", "assistant", "system", "tool"}  # tool: a tool result, as MCP clients keep it
@@ -299,7 +300,7 @@ def main() -> int:
     print("   ", ", ".join(f"{s} {n}" for s, n in core_servers.most_common()))
     print(f"  all:  {len(all_servers)} livemcptool servers")
     print("   ", ", ".join(f"{s} {n}" for s, n in all_servers.most_common()))
-    for label in ("args", "args_b", "args_c", "args_d", "args_e", "args_f", "args_g", "demo"):
+    for label in ("args", "args_b", "args_c", "args_d", "args_e", "args_f", "args_g", "args_h", "demo"):
         rows = per_file.get(label, [])
         print(f"{QUERY_FILES[label].name}: {len(rows)} cases, {sum(1 for q in rows if q.get('history'))} with history, "
               f"{len({q.get('tool') for q in rows})} distinct tools, {len({q.get('server') for q in rows})} servers")

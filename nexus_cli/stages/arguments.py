@@ -826,34 +826,38 @@ def copy_bias(model: Any, context: str, bias: float = COPY_BIAS, keys: Sequence[
     return {t: float(bias) for t in ids}
 
 
+def _forced_answer(ctx: Any, spec: ToolSpec, schema: dict, tokens: Sequence[int], source_chars: int,
+                   max_tokens: int, seq_id: int, lift: dict) -> tuple[dict | None, float]:
+    """A second greedy answer over the same prompt under the grammar of `schema` (a variant of the tool's own):
+    (the answer, or None when the grammar cannot be built or the output is not an object; milliseconds spent).
+    The prompt's cells are still in the cache, so only its last token is decoded again."""
+    try:
+        gbnf, _ = grammar_of(spec.name, schema)
+    except NexusError:
+        return None, 0.0
+    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
+                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0,
+                       logit_bias=lift)
+    try:
+        answer = json.loads(res.text)
+    except ValueError:
+        return None, res.t_total_ms
+    return (answer if isinstance(answer, dict) else None), res.t_total_ms
+
+
 def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
                       max_tokens: int, seq_id: int, lift: dict) -> dict:
     """The values of the optional fields the first answer left out although the request states them
-    (stated_optional_keys), from a second greedy pass over the same prompt whose grammar makes them required; the
-    first answer's other values are kept. {} when there is none; else {key: value, ..., "_ms": time}. The values
-    still go through the drop of unsupported fields like any other."""
+    (stated_optional_keys), from a second pass whose grammar makes them required; the first answer's other values
+    are kept. {} when there is none; else {key: value, ..., "_ms": time}. The values still go through the drop of
+    unsupported fields like any other."""
     keys = stated_optional_keys(args, spec.schema, source, _words(spec.name))
     schema = spec.input_schema
     if not keys or not isinstance(schema, dict):
         return {}
     forced = {**schema, "required": list(schema.get("required") or []) + keys}
-    try:
-        gbnf, _ = grammar_of(spec.name, forced)
-    except NexusError:
-        return {}
-    # the prompt's cells are still in the cache: only its last token is decoded again
-    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
-                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0,
-                       logit_bias=lift)
-    try:
-        second = json.loads(res.text)
-    except ValueError:
-        return {}
-    if not isinstance(second, dict):
-        return {}
-    out: dict = {k: second[k] for k in keys if k in second}
-    out["_ms"] = res.t_total_ms
-    return out
+    second, ms = _forced_answer(ctx, spec, forced, tokens, source_chars, max_tokens, seq_id, lift)
+    return {**{k: second[k] for k in keys if k in (second or {})}, "_ms": ms}
 
 
 def _item_backed(item: Any, context: str) -> bool:
@@ -893,10 +897,11 @@ def one_item_lists(args: dict, schema: Any) -> list[str]:
 
 def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
                        max_tokens: int, seq_id: int, lift: dict) -> dict:
-    """For each one-item list of the answer (one_item_lists), a second greedy pass whose grammar asks for at least
-    two items; its list replaces the answer's when it starts with the same item, and is kept up to the first item
+    """For each one-item list of the answer (one_item_lists), a second pass whose grammar asks for at least two
+    items; its list replaces the answer's when it starts with the same item, and is kept up to the first item
     that brings no value of its own or is not written in the request + window (every string and number of it), so
-    a list that really has one item stays as it was. {} when nothing changes; else {key: longer list, ..., "_ms": time}."""
+    a list that really has one item stays as it was. {} when there is none; else {key: longer list, ..., "_ms":
+    time}."""
     keys = one_item_lists(args, spec.input_schema)
     schema = spec.input_schema
     if not keys:
@@ -904,21 +909,12 @@ def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[in
     props = dict(schema["properties"])
     for k in keys:
         props[k] = {**props[k], "minItems": max(2, int(props[k].get("minItems", 0) or 0))}
-    try:
-        gbnf, _ = grammar_of(spec.name, {**schema, "properties": props})
-    except NexusError:
-        return {}
-    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
-                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0,
-                       logit_bias=lift)
-    out: dict = {"_ms": res.t_total_ms}
-    try:
-        second = json.loads(res.text)
-    except ValueError:
-        return out
+    second, ms = _forced_answer(ctx, spec, {**schema, "properties": props}, tokens, source_chars, max_tokens, seq_id,
+                                lift)
+    out: dict = {"_ms": ms}
     context = _norm_text(source)
     for k in keys:
-        longer = second.get(k) if isinstance(second, dict) else None
+        longer = (second or {}).get(k)
         if not isinstance(longer, list) or not longer or longer[0] != args[k][0]:
             continue
         kept = [longer[0]]

@@ -921,10 +921,11 @@ def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[in
         seen = _leaves(longer[0])
         for item in longer[1:]:
             # an item counts when it brings a value no earlier item has (not a no-op copy of the first one)
-            if not (_leaves(item) - seen) or not _item_backed(item, context):
+            leaves = _leaves(item)
+            if not (leaves - seen) or not _item_backed(item, context):
                 break
             kept.append(item)
-            seen |= _leaves(item)
+            seen |= leaves
         if len(kept) > 1:
             out[k] = kept
     return out
@@ -947,6 +948,11 @@ def _tight_grammar(spec: ToolSpec) -> str | None:
     return text
 
 
+def _word_text(context: str) -> str:
+    """The context as lower-case words separated by single spaces (punctuation dropped), for whole-word matching."""
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", context.lower()).split())
+
+
 def _phrase(value: str) -> str:
     """An enum member as the words a request would write: LEE_SIN → "lee sin", pullRequest → "pull request"."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", value)
@@ -966,7 +972,7 @@ def named_enum_members(args: dict, schema: Any, context: str, fixed: list[str] |
     props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict):
         return args
-    ctx = " ".join(re.sub(r"[^a-z0-9]+", " ", context.lower()).split())
+    ctx = _word_text(context)
     out = dict(args)
     for k, v in args.items():
         sub = props.get(k)
@@ -993,8 +999,10 @@ def stated_optional_keys(args: dict, schema: Any, context: str, topic: Sequence[
     if not isinstance(props, dict):
         return []
     required = set(schema.get("required") or [])
-    ctx = " ".join(re.sub(r"[^a-z0-9]+", " ", context.lower()).split())
+    ctx = _word_text(context)
     ctx_words = set(ctx.split())
+    # words a field of the answer already stands for ("50 per page" is perPage's, not page's)
+    taken = {w for k in args for w in _words(k)}
     out = []
     for key, sub in props.items():
         if key in args or key in required or not isinstance(sub, dict):
@@ -1007,8 +1015,6 @@ def stated_optional_keys(args: dict, schema: Any, context: str, topic: Sequence[
         if sub.get("type") == "boolean" or enum:
             continue
         words = [w for w in _words(key) if w not in _GENERIC_NAME_WORDS and not any(_related(w, t) for t in topic)]
-        # words a field of the answer already stands for ("50 per page" is perPage's, not page's)
-        taken = {w for k in args for w in _words(k)}
         if words and not set(words) <= taken and all(
                 w in ctx_words if len(w) == 3 else any(_related(w, c) for c in ctx_words if len(c) >= 4)
                 for w in words):
@@ -1052,10 +1058,15 @@ def strip_field_word(args: dict, schema: Any, context: str, fixed: list[str] | N
     return out
 
 
+def source_text(query: str, window: Sequence[dict]) -> str:
+    """The text argument values may come from: the request and the history window the prompt shows."""
+    return " ".join([str(query)] + [m["content"] for m in window])
+
+
 def post_process_arguments(args: dict, spec: ToolSpec, query: str, window: Sequence[dict]) -> tuple[dict, list[str]]:
     """The drop of unsupported optional fields, then the repairs, against the request + history window the prompt
     showed. Returns (args, notes): each dropped field path, then each change as "clamped/restored/repaired <what>"."""
-    context = " ".join([str(query)] + [m["content"] for m in window])
+    context = source_text(query, window)
     fixed: list[str] = []
     # an enum member the request does not name, beside exactly one it does, is replaced before the drop of
     # unsupported fields would remove it ("triggered by pushes": event check_run -> push)
@@ -1104,8 +1115,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)
     source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
-    source = " ".join([str(query)] + [m["content"] for m in window])
-    lift = copy_bias(ctx.model, source, COPY_BIAS if bias is None else bias, sorted(_property_names(spec.schema)))
+    source = source_text(query, window)
+    bias = COPY_BIAS if bias is None else bias
+    lift = copy_bias(ctx.model, source, bias, sorted(_property_names(spec.schema))) if bias else {}
     res = ctx.generate(tokens[start:], max_tokens=max_tokens, grammar=gbnf, temperature=0.0,
                        seq_id=seq_id, start_pos=start, logit_bias=lift)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms

@@ -386,11 +386,12 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
     examples = {"forge/merge_pull_request": ["ship PR 7 once it is green", "squash it into main"],
                 "forge/list_issues": ["which bugs are still open in acme/api"]}
     per_tool, _ = index_stage.match_examples(forge_tools, examples)
-    seen = []
+    seen, bases = [], []
     train = embedder_module.finetune_biencoder
 
-    def spy(base, triples, out, **kw):  # the triples handed to the trainer
+    def spy(base, triples, out, **kw):  # the triples handed to the trainer, and the model each round starts from
         seen.extend(triples)
+        bases.append(str(base))
         return train(base, triples, out, **kw)
 
     monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
@@ -400,6 +401,13 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
     # default), in batches of 8: one step an epoch
     assert info["example_positives"] is rerank.FINETUNE_EXAMPLE_POSITIVES is True and info["n_items"] == 5
     assert info["epochs"] == rerank.FINETUNE_EPOCHS == info["train"]["steps"]
+    # the second round (the default) starts from the first round's model, which also mined its negatives, and
+    # replaces it in the folder; no round-2 folder is left behind
+    assert rerank.FINETUNE_ROUNDS == 2 and info["rounds"] == 2
+    second = info["second_round"]
+    assert second["epochs"] == rerank.FINETUNE_SECOND_ROUND_EPOCHS == second["train"]["steps"]
+    assert bases == [str(embedder.path), str(tmp_path / "ft")] and second["n_items"] == 5
+    assert not (tmp_path / "ft.round2").exists()
     docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
     gold = {"ship PR 7 once it is green": "merge_pull_request", "squash it into main": "merge_pull_request",
             "which bugs are still open in acme/api": "list_issues"}
@@ -438,7 +446,7 @@ def test_finetune_mines_several_negatives_and_example_positives(tmp_path, embedd
         return {"steps": 0}
 
     monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, n_hard=3,
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, n_hard=3, rounds=1,
                                     example_positives=True)
     docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
     cls = {d: k for k, d in enumerate(dict.fromkeys(docs.values()))}
@@ -454,9 +462,31 @@ def test_finetune_mines_several_negatives_and_example_positives(tmp_path, embedd
                                                       ("squash it into main", "ship PR 7 once it is green")]
     with pytest.raises(NexusError, match="n_hard must be at least 1"):
         rerank.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, n_hard=0)
+    with pytest.raises(NexusError, match="rounds must be 1 or 2"):
+        rerank.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, rounds=3)
     # registry-derived requests (no examples) keep one item per request: pairing was measured on examples only
     info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft2", n_queries=2, example_positives=True)
     assert info["example_positives"] is False and info["n_items"] == info["n_triples"] == len(seen["items"])
+
+
+def test_finetune_skips_the_second_round_when_the_first_spent_the_budget(tmp_path, embedder, forge_tools,
+                                                                          monkeypatch):
+    import nexus_cli.adapters.embedder as embedder_module
+    from nexus_cli.stages import rerank
+
+    per_tool, _ = index_stage.match_examples(forge_tools, {"forge/list_issues": ["which bugs are open", "open bugs?"]})
+    starts = []
+
+    def spy(base, items, out, **kw):  # stands in for a first round that used the whole budget
+        Path(out).mkdir(parents=True, exist_ok=True)
+        starts.append(str(base))
+        return {"steps": 0}
+
+    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
+    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, time_budget_s=0.0)
+    assert starts == [str(embedder.path)] and info["rounds"] == 1
+    assert info["second_round"]["skipped"].startswith("the time budget of 0 s was spent")
+    assert json.loads((tmp_path / "ft" / rerank.FINETUNE_RECORD).read_text())["second_round"] == info["second_round"]
 
 
 def test_same_answer_mask_leaves_out_other_texts_of_the_query_s_class():
@@ -489,6 +519,9 @@ def test_cli_index_rejects_zero_finetune_epochs(tmp_path):
     p = run_cli("index", str(FORGE), "--finetune", "--finetune-epochs", "0", "--out", str(tmp_path / "x"))
     assert p.returncode != 0 and "--finetune-epochs must be at least 1" in p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
+    p = run_cli("index", str(FORGE), "--finetune", "--finetune-rounds", "3", "--out", str(tmp_path / "x"))
+    assert p.returncode != 0 and "--finetune-rounds must be 1 or 2, got 3" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "x").exists()
 
 
 def test_cli_index_can_leave_out_example_positives(tmp_path):
@@ -502,3 +535,6 @@ def test_cli_index_can_leave_out_example_positives(tmp_path):
     assert p.returncode == 0, p.stderr
     record = index_stage.load_index(out).manifest["embedder"]["finetuned"]
     assert record["example_positives"] is False and record["n_items"] == record["n_triples"] == 4
+    # the second round ran (the default) and was trained the same way
+    assert record["rounds"] == 2 and record["second_round"]["example_positives"] is False
+    assert record["second_round"]["n_items"] == 4

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES
+from ..config import FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES, FINETUNE_ROUNDS
 from ..errors import NexusError, UsageError
 
 
@@ -24,6 +24,7 @@ def index_command(
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
     finetune_epochs: int = typer.Option(FINETUNE_EPOCHS, "--finetune-epochs", help="Passes over the fine-tuning requests."),
     finetune_example_positives: bool = typer.Option(FINETUNE_EXAMPLE_POSITIVES, "--finetune-example-positives/--no-finetune-example-positives", help="With --examples, also pair each example request with another of its tool (doubles the training time)."),
+    finetune_rounds: int = typer.Option(FINETUNE_ROUNDS, "--finetune-rounds", help="With --examples: 2 adds one pass from the fine-tuned model, its hard negatives mined by that model (1 or 2)."),
     finetune_budget: float = typer.Option(FINETUNE_BUDGET_S, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
     train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
     reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
@@ -39,6 +40,8 @@ def index_command(
         raise UsageError(f"unknown --recipe '{recipe}' (multi, doc)")
     if finetune_epochs < 1:
         raise UsageError(f"--finetune-epochs must be at least 1, got {finetune_epochs}")
+    if finetune_rounds not in (1, 2):
+        raise UsageError(f"--finetune-rounds must be 1 or 2, got {finetune_rounds}")
     tools = load_registries(registry) if registry else []
     example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])
@@ -66,7 +69,8 @@ def index_command(
         report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
                              finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs,
-                                               "example_positives": finetune_example_positives},
+                                               "example_positives": finetune_example_positives,
+                                               "rounds": finetune_rounds},
                              adapter=adapter, value_masking=value_masking, examples=example_requests,
                              progress=on_progress, sources=sources)
     if as_json:
@@ -85,7 +89,9 @@ def index_command(
     ft = report.finetuned
     if ft:
         c.print(f"embedder: fine-tuned on {ft['n_triples']} {'example' if 'example' in ft['data'] else 'registry-derived'} "
-                f"requests in {ft['train']['seconds']} s")
+                f"requests in {ft['train']['seconds']} s"
+                + (f", then a second round in {ft['second_round']['train']['seconds']} s"
+                   if "train" in (ft.get("second_round") or {}) else ""))
     if report.reranker:
         c.print(f"reranker: cross-encoder trained on {report.reranker['n_groups']} registry-derived groups "
                 f"in {report.reranker['train']['seconds']} s")

@@ -191,6 +191,37 @@ def test_logit_bias_moves_the_greedy_choice(ctx, smol):
     assert ctx.generate(prompt, max_tokens=4, grammar=grammar, logit_bias={}).text == plain.text
 
 
+def test_lazy_grammar_picks_the_same_tokens_as_the_grammar_in_the_chain(ctx, smol):
+    """Greedy decoding tests the unconstrained choice against the grammar and masks the whole vocabulary only when
+    it is rejected; the tokens must be those of the reference (the grammar in the sampler chain, every candidate
+    masked at every step), with and without a logit bias, also where the grammar rejects the model's choice."""
+    from nexus_cli.schema import compile_tool
+    from nexus_cli.registry import Tool
+
+    spec = compile_tool(Tool("forge", "create_issue", "Open an issue.", {
+        "type": "object", "required": ["owner", "repo", "title"], "properties": {
+            "owner": {"type": "string"}, "repo": {"type": "string"}, "title": {"type": "string"},
+            "labels": {"type": "array", "items": {"type": "string"}},
+            "priority": {"type": "string", "enum": ["p0", "p1", "p2"]}, "count": {"type": "integer"}}}))
+    cases = [
+        ("Open an issue in acme/api titled Login broken, label it bug, priority p1.", spec.grammar),
+        ("Name one colour. Reply with one word.", 'root ::= "{\\"colour\\": \\"" [a-z]+ "\\"}"'),
+        ("Count to three.", 'root ::= [0-9] [0-9] [0-9] "-" ("zebra" | "quokka")'),
+    ]
+    rejected = 0
+    for text, grammar in cases:
+        prompt = smol.chat_tokens([{"role": "user", "content": text}])
+        bias = {smol.tokenize(" the", parse_special=False)[0]: 5.0, smol.tokenize("{", parse_special=False)[0]: -2.0}
+        for lift in ({}, bias):
+            ref = ctx.generate(prompt, max_tokens=48, grammar=grammar, logit_bias=lift, lazy_grammar=False)
+            lazy = ctx.generate(prompt, max_tokens=48, grammar=grammar, logit_bias=lift)
+            assert lazy.tokens == ref.tokens and lazy.stop == ref.stop, (text, lazy.text, ref.text)
+            assert ref.grammar_rejections == 0
+            rejected += lazy.grammar_rejections
+    assert rejected > 0  # the full-vocabulary path ran too
+    assert re.fullmatch(r"[0-9]{3}-(zebra|quokka)", lazy.text), lazy.text
+
+
 def test_generate_reuses_a_warm_prefix(ctx, smol):
     prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
     cold = ctx.generate(prompt, max_tokens=6)

@@ -237,6 +237,23 @@ def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
     assert run('{"data": [{"name": "Python", "value": 85}, {"name": "Python", "value": 85}]}') == {}
     assert run('{"data": [{"name": "SQL", "value": 70}, {"name": "Python", "value": 85}]}') == {}
     assert run("not json") == {}
+    # an optional one-item list whose item the request does not write is dropped later whatever follows it:
+    # no second pass is run for it
+    # (a required list is never dropped, so its pass runs whatever its item)
+    ctx = _FixedAnswerContext(longer)
+    _longer_lists_pass(ctx, spec, {"data": [{"name": "Rust", "value": 99}]}, [1, 2, 3], query, len(query), 64, 0, {})
+    assert len(ctx.calls) == 1
+    optional = compile_tool(Tool("forge", "create_pull_request", "Open a pull request.", {
+        "type": "object", "required": ["title"], "properties": {
+            "title": {"type": "string"}, "reviewers": {"type": "array", "items": {"type": "string"}}}}))
+    pr = "open a pull request titled Add login page and ask ana and bo to review"
+    ctx = _FixedAnswerContext('{"title": "Add login page", "reviewers": ["it", "bo"]}')
+    assert _longer_lists_pass(ctx, optional, {"title": "Add login page", "reviewers": ["it"]}, [1, 2, 3], pr,
+                              len(pr), 64, 0, {}) == {} and ctx.calls == []
+    ctx = _FixedAnswerContext('{"title": "Add login page", "reviewers": ["ana", "bo"]}')
+    out = _longer_lists_pass(ctx, optional, {"title": "Add login page", "reviewers": ["ana"]}, [1, 2, 3], pr,
+                             len(pr), 64, 0, {})
+    assert len(ctx.calls) == 1 and out["reviewers"] == ["ana", "bo"]
 
 
 def test_copy_bias_lifts_the_conversation_s_words_keys_and_json_punctuation(smollm):

@@ -195,6 +195,8 @@ class GenerationResult:
     t_first_token_ms: from the call's start (prompt decode included) to the first sampled token.
     t_total_ms: the whole call.
     stop: "eog" (end-of-generation token) or "max_tokens".
+    grammar_rejections: steps at which the grammar rejected the unconstrained greedy choice, so the whole
+    vocabulary was masked (lazy grammar; 0 without a grammar or with it in the sampler chain).
     """
 
     text: str
@@ -204,6 +206,7 @@ class GenerationResult:
     t_total_ms: float
     stop: str
     per_token_ms: list[float] = field(default_factory=list)
+    grammar_rejections: int = 0
 
 
 class LlamaModel:
@@ -379,6 +382,55 @@ class LlamaModel:
 
 
 # ----------------------------------------------------------------------------------------------------------- context
+
+
+class _GrammarCheck:
+    """Greedy grammar-constrained sampling without masking the whole vocabulary at every step.
+
+    Applying a grammar to all ~150k candidates costs ~15-20 ms a token on 2 cores (Qwen2.5), a quarter of a decode
+    step. The unconstrained greedy choice (logit bias applied) is tested against the grammar alone; only when the
+    grammar rejects it is the grammar applied to every candidate (bias included, in token order) and the best one
+    allowed taken. The result is the token the full chain (bias, grammar, greedy) picks: an allowed first maximum is
+    also the first maximum among the allowed tokens. llama.cpp's common sampler does the same."""
+
+    def __init__(self, L, grammar, ctx, model, logit_bias: Mapping[int, float] | None):
+        self._L, self._g, self._ctx = L, grammar, ctx
+        self._n_vocab = int(L.llama_vocab_n_tokens(model._vocab))
+        self._bias = None
+        if logit_bias:
+            ids = np.fromiter((int(t) for t in logit_bias), dtype=np.int64, count=len(logit_bias))
+            vals = np.fromiter((float(b) for b in logit_bias.values()), dtype=np.float32, count=len(logit_bias))
+            self._bias = (ids, vals)
+        self._one = L.llama_token_data(0, 0.0, 0.0)
+        self._one_arr = L.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
+        self._all = None  # the full candidate array, made on the first rejection
+        self.rejections = 0
+
+    def constrain(self, tok: int) -> int:
+        L = self._L
+        self._one.id, self._one.logit, self._one.p = tok, 0.0, 0.0
+        self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
+        L.llama_sampler_apply(self._g, ctypes.byref(self._one_arr))
+        if math.isfinite(self._one.logit):
+            return tok
+        self.rejections += 1
+        if self._all is None:
+            self._all = np.zeros(self._n_vocab, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+            self._all["id"] = np.arange(self._n_vocab, dtype=np.int32)
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
+        self._all["logit"] = logits
+        self._all["p"] = 0.0
+        if self._bias is not None:
+            ids, vals = self._bias
+            keep = ids < self._n_vocab
+            np.add.at(self._all["logit"], ids[keep], vals[keep])
+        arr = L.llama_token_data_array(self._all.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
+                                       self._n_vocab, -1, False)
+        L.llama_sampler_apply(self._g, ctypes.byref(arr))
+        best = int(np.argmax(self._all["logit"]))
+        if not math.isfinite(float(self._all["logit"][best])):
+            raise ModelError("the grammar allows no token at this point of the output")
+        return int(self._all["id"][best])
 
 
 class LlamaContext:
@@ -657,6 +709,7 @@ class LlamaContext:
         seed: int = 0,
         stop_at_eog: bool = True,
         logit_bias: Mapping[int, float] | None = None,
+        lazy_grammar: bool = True,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens after `prompt_tokens`, optionally constrained by a GBNF grammar.
 
@@ -674,14 +727,21 @@ class LlamaContext:
         logit_bias: {token id: value} added to those tokens' logits at every step (before the grammar and the
         sampler).
 
+        lazy_grammar: with greedy decoding, test the unconstrained choice against the grammar and mask the whole
+        vocabulary only when it is rejected (_GrammarCheck: the same tokens, faster); False puts the grammar in the
+        sampler chain (every candidate masked at every step), the reference the tests compare against.
+
         Returns GenerationResult(text, tokens, n_prompt, t_first_token_ms, t_total_ms, stop)."""
         L = _lib()
         t0 = time.perf_counter()
         if not prompt_tokens:
             raise ModelError("generate() needs at least one prompt token")
+        greedy = not (temperature and temperature > 0)
+        lazy = greedy and lazy_grammar
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if not chain:
             raise ModelError("llama_sampler_chain_init failed")
+        g = None  # the grammar sampler, outside the chain when decoding is greedy (see _GrammarCheck)
         try:
             if logit_bias:
                 items = (L.llama_logit_bias * len(logit_bias))(
@@ -693,12 +753,15 @@ class LlamaContext:
                     g = L.llama_sampler_init_grammar(self.model._vocab, grammar.encode("utf-8"), b"root")
                 if not g:
                     raise SchemaError("the GBNF grammar does not parse (llama_sampler_init_grammar returned NULL)")
-                L.llama_sampler_chain_add(chain, g)  # the chain owns it from here
-            if temperature and temperature > 0:
+                if not lazy:
+                    L.llama_sampler_chain_add(chain, g)  # the chain owns it from here
+                    g = None
+            if greedy:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            else:
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(float(temperature)))
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
-            else:
-                L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            check = _GrammarCheck(L, g, self._ctx, self.model, logit_bias) if g is not None else None
 
             self.seq_rm(seq_id, start_pos, -1)
             self.decode(prompt_tokens, start_pos, seq_id)
@@ -711,12 +774,16 @@ class LlamaContext:
             for _ in range(max_tokens):
                 ts = time.perf_counter()
                 tok = int(L.llama_sampler_sample(chain, self._ctx, -1))
+                if check is not None:
+                    tok = check.constrain(tok)
                 if t_first is None:
                     t_first = time.perf_counter()
                 if L.llama_vocab_is_eog(vocab, tok):
                     stop = "eog"
                     if stop_at_eog:
                         break
+                if check is not None:
+                    L.llama_sampler_accept(g, tok)
                 out.append(tok)
                 if len(out) >= max_tokens:
                     per_token.append((time.perf_counter() - ts) * 1e3)
@@ -727,6 +794,8 @@ class LlamaContext:
             t_end = time.perf_counter()
         finally:
             L.llama_sampler_free(chain)
+            if g is not None:
+                L.llama_sampler_free(g)
         text = self.model.detokenize(out, special=True)
         return GenerationResult(
             text=text,
@@ -736,6 +805,7 @@ class LlamaContext:
             t_total_ms=(t_end - t0) * 1e3,
             stop=stop,
             per_token_ms=per_token,
+            grammar_rejections=check.rejections if check is not None else 0,
         )
 
     # -- lifetime

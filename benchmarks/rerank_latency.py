@@ -66,7 +66,9 @@ def main() -> int:
     for name in args.configs:
         for index_name, index in indexes.items():
             own = index.manifest["embedder"].get("path")  # a fine-tuned index embeds queries with its own model
-            router = Router(index, RouterConfig(reranker="likelihood", model=args.model, **CONFIGS[name]),
+            # prefix_store off: "cold" means prefixes nobody decoded yet, not ones read back from disk
+            router = Router(index, RouterConfig(reranker="likelihood", model=args.model, prefix_store=False,
+                                                **CONFIGS[name]),
                             embedder=None if own else emb, llm=llm)
             label = name if len(indexes) == 1 else f"{name}@{index_name}"
             for pass_name in ("cold", "warm"):

@@ -14,6 +14,17 @@ SHARED_REGISTRIES = (REPO.parent / "shared" / "registries").resolve()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The likelihood reranker's prefix store (rerank.PrefixStore) goes to a directory of this test session, not the
+# user's ~/.cache; the commands the tests start inherit it.
+if "NEXUS_PREFIX_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _prefix_dir = tempfile.mkdtemp(prefix="nexus-test-prefixes-")
+    os.environ["NEXUS_PREFIX_CACHE"] = _prefix_dir
+    atexit.register(shutil.rmtree, _prefix_dir, True)
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:

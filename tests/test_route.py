@@ -316,6 +316,76 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     assert LikelihoodReranker(ctx).scored_text("42") == "number"
 
 
+@pytest.mark.slow
+def test_likelihood_prefixes_kept_on_disk_give_the_same_scores_in_a_new_process(forge_dir, tmp_path,
+                                                                                monkeypatch):
+    """PrefixStore: a reranker with an empty memory reads the prefixes an earlier one decoded from disk (nothing is
+    decoded for them again) and scores exactly as the one that decoded them; a damaged or refused entry is a miss,
+    removed and rewritten; the directory keeps to its size cap."""
+    from nexus_cli.adapters.llama import LlamaContext, LlamaModel
+    from nexus_cli.stages.rerank import LikelihoodReranker, PrefixStore
+
+    idx = index_stage.load_index(forge_dir)
+    by_name = {t.name: t for t in idx.tools}
+    cands = [by_name[n] for n in ("merge_pull_request", "list_issues", "create_branch", "get_user")]
+    query = "merge pull request 12 in acme/api"
+    model = LlamaModel("smollm2-135m")
+    first_ctx = LlamaContext(model, n_ctx=1024, n_seq_max=6)
+    store = PrefixStore(tmp_path / "prefixes")
+    first = LikelihoodReranker(first_ctx, store=store).log_likelihoods(query, cands)
+    files = sorted((tmp_path / "prefixes").glob("*.npz"))
+    assert len(files) == 4 and store.writes == 4 and store.hits == 0
+    assert not list((tmp_path / "prefixes").glob(".tmp-*"))  # written by rename, nothing half-written left
+
+    second_ctx = LlamaContext(model, n_ctx=1024, n_seq_max=6)  # "a new process": an empty cache and memory
+    again = PrefixStore(tmp_path / "prefixes")
+    reread = LikelihoodReranker(second_ctx, store=again)
+    decoded = []
+    real = second_ctx.decode_many
+    second_ctx.decode_many = lambda items: decoded.append(len(items)) or real(items)
+    assert reread.log_likelihoods(query, cands) == first
+    assert decoded == [] and again.hits == 4 and again.writes == 0
+    # the key covers the model, the V layout and the text: another layout or text is another entry
+    other_layout = LlamaContext(model, n_ctx=1024, n_seq_max=6, flash_attn=not first_ctx.flash_attn)
+    assert PrefixStore.key(other_layout, "x") != PrefixStore.key(first_ctx, "x") != PrefixStore.key(first_ctx, "y")
+
+    # a damaged entry is a miss: decoded again, the file replaced
+    files[0].write_bytes(b"not an npz")
+    third = PrefixStore(tmp_path / "prefixes")
+    # (a prefix decoded alone moves by llama.cpp's batch-size numerics, as in the test above)
+    np.testing.assert_allclose(LikelihoodReranker(LlamaContext(model, n_ctx=1024, n_seq_max=6), store=third)
+                               .log_likelihoods(query, cands), first, atol=6e-2)
+    assert third.misses == 1 and third.hits == 3 and third.writes == 1
+    # a state llama.cpp refuses (here: the other V layout's) is a miss too
+    key = PrefixStore.key(first_ctx, LikelihoodReranker(first_ctx).prefix_text(cands[0]))
+    blob, logp, n = third.get(key)
+    foreign = LlamaContext(model, n_ctx=1024, n_seq_max=6, flash_attn=not first_ctx.flash_attn)
+    foreign.decode(first_ctx.tokenize("some other text", add_special=False), 0, 2)
+    odd = foreign.state_seq_get(2)
+    third.put(key, (odd, logp, n))
+    fourth = PrefixStore(tmp_path / "prefixes")
+    np.testing.assert_allclose(LikelihoodReranker(LlamaContext(model, n_ctx=1024, n_seq_max=6), store=fourth)
+                               .log_likelihoods(query, cands), first, atol=6e-2)
+    assert fourth.misses == 0 and fourth.writes == 1  # read, refused by llama.cpp, decoded and written again
+    # the size cap: the oldest files go first
+    old = sorted((tmp_path / "prefixes").glob("*.npz"))
+    for age, f in enumerate(old):
+        os.utime(f, (1_000_000 + age, 1_000_000 + age))
+    third.put(key, (blob, logp, n))  # the entry as it was, newest now
+    os.utime(tmp_path / "prefixes" / f"{key}.npz", (2_000_000, 2_000_000))
+    # room for the two newest and one more of the same size as the newest: the two oldest must go
+    keep = [tmp_path / "prefixes" / f"{key}.npz"] + [f for f in reversed(old) if f.name != f"{key}.npz"][:1]
+    capped = PrefixStore(tmp_path / "prefixes", max_bytes=sum(f.stat().st_size for f in keep) + keep[0].stat().st_size)
+    capped.put("0" * 64, (blob, logp, n))  # the same contents as the newest, so the same size
+    left = sorted((tmp_path / "prefixes").glob("*.npz"))
+    assert len(left) == 3 and set(keep) < set(left) and (tmp_path / "prefixes" / ("0" * 64 + ".npz")) in left
+    # NEXUS_PREFIX_CACHE=off turns the store off for the router
+    monkeypatch.setenv("NEXUS_PREFIX_CACHE", "off")
+    assert PrefixStore.default() is None
+    monkeypatch.setenv("NEXUS_PREFIX_CACHE", str(tmp_path / "elsewhere"))
+    assert PrefixStore.default().path == tmp_path / "elsewhere"
+
+
 def test_likelihood_reranker_reads_a_tools_example_requests(tmp_path, embedder):
     """An index built with example requests stores them per tool; the likelihood reranker reads them (value-masked)
     as earlier requests of the same form, which makes a request phrased like an example more probable under that

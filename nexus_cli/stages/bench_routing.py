@@ -325,7 +325,8 @@ def run(
                 oracle_fits = max(oracle_tokens) + 64 <= oracle_ctx
             for gi, (qi, reg) in enumerate(plans[size]):
                 ipath = _index_for(reg, emb, rr_dir, example_requests)
-                router = Router(ipath, RouterConfig(reranker="cross" if rr_dir else reranker, model=model), embedder=emb,
+                router = Router(ipath, RouterConfig(reranker="cross" if rr_dir else reranker, model=model,
+                                                    prefix_store=False), embedder=emb,
                                 llm=shared_llm)
                 shared_llm = router._llm  # one LLM context for every size and group (loaded once)
                 taus.append(router.tau)

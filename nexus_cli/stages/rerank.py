@@ -191,6 +191,112 @@ class LLMReranker:
         return [float(b) + (1.0 if i == j else -1.0) for i, b in enumerate(base_scores)]
 
 
+class PrefixStore:
+    """The likelihood reranker's candidate prefixes on disk, so that a one-shot `nexus route` reuses what an earlier
+    process decoded (the in-memory LRU lives only as long as one process).
+
+    One file per prefix, `<key>.npz` (the llama.cpp sequence state, the next-token log-probabilities as float16, the
+    prefix's length), written atomically. The key is a SHA-256 over everything the state depends on: the GGUF's
+    sha256, llama-cpp-python's version, the V-cache layout (flash attention or not) and the prefix text, so a stale
+    entry is never found, only left to age out. A file that does not load, or a state llama.cpp refuses, counts as
+    a miss and is removed. The directory is capped at `max_bytes`; the oldest files (by modification time) go first.
+    Nothing here is required: a store that cannot be written (read-only disk, full disk) just stops saving."""
+
+    DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # ~340 prefixes of Qwen2.5-0.5B (~0.45 MB of KV + 0.3 MB of log-probs)
+
+    def __init__(self, path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.path = Path(path).expanduser()
+        self.max_bytes = int(max_bytes)
+        self.hits = self.misses = self.writes = 0
+        self._writable = True
+
+    @classmethod
+    def default(cls) -> "PrefixStore | None":
+        """$NEXUS_PREFIX_CACHE (a directory; "off" disables), else ~/.cache/nexus/prefix-states."""
+        import os
+
+        env = os.environ.get("NEXUS_PREFIX_CACHE", "")
+        if env.strip().lower() in ("off", "0", "none", "false"):
+            return None
+        return cls(env if env.strip() else Path.home() / ".cache" / "nexus" / "prefix-states")
+
+    @staticmethod
+    def key(ctx, text: str) -> str:
+        import hashlib
+
+        try:
+            from llama_cpp import __version__ as llama_version
+        except ImportError:  # pragma: no cover - the adapter could not have loaded either
+            llama_version = "?"
+        ident = ctx.model.identity
+        parts = [ident.sha256, llama_version, f"v_layout={ctx.v_layout}", text]
+        return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+
+    def get(self, key: str) -> tuple[bytes, np.ndarray, int] | None:
+        f = self.path / f"{key}.npz"
+        try:
+            with np.load(f, allow_pickle=False) as z:
+                blob, first, n = z["state"], z["first"], int(z["n"])
+            if blob.dtype != np.uint8 or first.dtype != np.float16 or first.ndim != 1 or n <= 0:
+                raise ValueError("unexpected contents")
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except Exception:  # noqa: BLE001 - a damaged entry is a miss, and is removed
+            self.discard(key)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return blob.tobytes(), first, n
+
+    def put(self, key: str, value: tuple[bytes, np.ndarray, int]) -> None:
+        if not self._writable:
+            return
+        import os
+        import tempfile
+
+        blob, first, n = value
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-", suffix=".npz")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    np.savez(fh, state=np.frombuffer(blob, dtype=np.uint8), first=first.astype(np.float16),
+                             n=np.int64(n))
+                os.replace(tmp, self.path / f"{key}.npz")
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self.writes += 1
+            self._evict()
+        except OSError:
+            self._writable = False  # read-only or full: keep routing, stop trying
+
+    def discard(self, key: str) -> None:
+        try:
+            (self.path / f"{key}.npz").unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    def _evict(self) -> None:
+        files = []
+        for f in self.path.glob("*.npz"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            files.append((st.st_mtime, st.st_size, f))
+        total = sum(s for _, s, _ in files)
+        for _, size, f in sorted(files, key=lambda x: x[0]):
+            if total <= self.max_bytes:
+                break
+            try:
+                f.unlink()
+                total -= size
+            except OSError:
+                pass
+
+
 class LikelihoodReranker:
     """Query likelihood: how probable the LLM finds the request as a continuation of each candidate's description.
 
@@ -213,10 +319,11 @@ class LikelihoodReranker:
     CUE = "A user request this tool handles:"
     PREFIX_EXAMPLES = 4  # a tool's first examples in its prefix; more lengthen every uncached prefix's decode
 
-    def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True):
+    def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True, store: PrefixStore | None = None):
         self.ctx = ctx
         self.cache_size = cache_size
         self.mask_values = mask_values
+        self.store = store  # prefixes decoded by earlier processes (PrefixStore), or None
         self._prefix: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}  # see _cached_prefixes
 
     def prefix_text(self, entry) -> str:
@@ -237,6 +344,19 @@ class LikelihoodReranker:
         keys = [(e.server, e.name) for e in entries]
         missing = [k for k, key in enumerate(keys) if key not in self._prefix and key not in keys[:k]]
         fresh: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}
+        stored: dict[int, str] = {}
+        if self.store is not None and missing:
+            left = []
+            for k in missing:
+                skey = stored[k] = PrefixStore.key(self.ctx, self.prefix_text(entries[k]))
+                hit = self.store.get(skey)
+                if hit is not None and self._restores(hit[0]):
+                    fresh[keys[k]] = hit
+                else:
+                    if hit is not None:
+                        self.store.discard(skey)
+                    left.append(k)
+            missing = left
         for g0 in range(0, len(missing), self.width):
             group = missing[g0:g0 + self.width]
             toks = [self.ctx.tokenize(self.prefix_text(entries[k]), add_special=False, parse_special=False)
@@ -248,6 +368,8 @@ class LikelihoodReranker:
                 last_logits = self.ctx.decode_many([(tk, 0, seq) for tk, seq in zip(toks, seqs)])
                 for k, tk, seq, logits in zip(group, toks, seqs, last_logits):
                     fresh[keys[k]] = (self.ctx.state_seq_get(seq), log_softmax(logits).astype(np.float16), len(tk))
+                    if self.store is not None:
+                        self.store.put(stored[k], fresh[keys[k]])
             finally:
                 for seq in seqs:
                     self.ctx.seq_rm(seq)
@@ -258,6 +380,19 @@ class LikelihoodReranker:
                 self._prefix.pop(next(iter(self._prefix)))
             self._prefix[key] = hit  # most recently used last
         return out
+
+    def _restores(self, blob: bytes) -> bool:
+        """Does llama.cpp accept this stored state (tried on sequence SEQ, emptied again)?"""
+        from ..errors import ModelError
+
+        try:
+            self.ctx.seq_rm(self.SEQ)
+            self.ctx.state_seq_set(blob, self.SEQ)
+            return True
+        except ModelError:
+            return False
+        finally:
+            self.ctx.seq_rm(self.SEQ)
 
     @property
     def width(self) -> int:

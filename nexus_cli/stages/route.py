@@ -92,6 +92,7 @@ class RouterConfig:
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
     rerank_masking: bool = True  # the likelihood reranker scores the request with its values masked
+    prefix_store: bool = True  # the likelihood reranker keeps candidate prefixes on disk (rerank.PrefixStore)
     extra: dict = field(default_factory=dict)
 
 
@@ -167,7 +168,9 @@ class Router:
             if self._reranker_name == "cross":
                 self._reranker = rerank.CrossReranker(self.index.path / "reranker", threads=self.config.threads)
             elif self._reranker_name == "likelihood":
-                self._reranker = rerank.LikelihoodReranker(self.llm(), mask_values=self.config.rerank_masking)
+                store = rerank.PrefixStore.default() if self.config.prefix_store else None
+                self._reranker = rerank.LikelihoodReranker(self.llm(), mask_values=self.config.rerank_masking,
+                                                           store=store)
             else:
                 self._reranker = rerank.LLMReranker(self.llm(), self.index)
         return self._reranker

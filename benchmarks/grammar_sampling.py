@@ -34,31 +34,16 @@ from nexus_cli.stages.arguments import generate_arguments  # noqa: E402
 from nexus_cli.stats import median_ci, speedup_ci  # noqa: E402
 
 
-class _ChainGrammar:
-    """A LlamaContext whose generate() keeps the grammar in the sampler chain (the baseline)."""
+class _Recording:
+    """A LlamaContext whose generate() records each result (tokens, grammar rejections); lazy=False keeps the
+    grammar in the sampler chain (the baseline)."""
 
-    def __init__(self, ctx):
-        self._ctx = ctx
+    def __init__(self, ctx, lazy: bool):
+        self._ctx, self._lazy = ctx, lazy
         self.calls: list = []
 
     def generate(self, *args, **kw):
-        res = self._ctx.generate(*args, lazy_grammar=False, **kw)
-        self.calls.append(res)
-        return res
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
-
-
-class _Counting:
-    """The candidate context, recording each generate() result (tokens and grammar rejections)."""
-
-    def __init__(self, ctx):
-        self._ctx = ctx
-        self.calls: list = []
-
-    def generate(self, *args, **kw):
-        res = self._ctx.generate(*args, **kw)
+        res = self._ctx.generate(*args, lazy_grammar=self._lazy, **kw)
         self.calls.append(res)
         return res
 
@@ -80,8 +65,8 @@ def main() -> int:
     tools = {t.key: t for t in load_registries([a.registry])}
     model = load_model(a.model)
     kw = {} if a.threads is None else {"n_threads": a.threads}
-    chain = _ChainGrammar(LlamaContext(model, n_ctx=4096, n_seq_max=1, flash_attn=True, **kw))
-    lazy = _Counting(LlamaContext(model, n_ctx=4096, n_seq_max=1, flash_attn=True, **kw))
+    chain = _Recording(LlamaContext(model, n_ctx=4096, n_seq_max=1, flash_attn=True, **kw), lazy=False)
+    lazy = _Recording(LlamaContext(model, n_ctx=4096, n_seq_max=1, flash_attn=True, **kw), lazy=True)
     recs = []
     cases = []
     for name in a.sets.split(","):

@@ -335,7 +335,7 @@ def test_likelihood_prefixes_kept_on_disk_give_the_same_scores_in_a_new_process(
     first = LikelihoodReranker(first_ctx, store=store).log_likelihoods(query, cands)
     files = sorted((tmp_path / "prefixes").glob("*.npz"))
     assert len(files) == 4 and store.writes == 4 and store.hits == 0
-    assert not list((tmp_path / "prefixes").glob(".tmp-*"))  # written by rename, nothing half-written left
+    assert not list((tmp_path / "prefixes").glob(".*.tmp"))  # written by rename, nothing half-written left
 
     second_ctx = LlamaContext(model, n_ctx=1024, n_seq_max=6)  # "a new process": an empty cache and memory
     again = PrefixStore(tmp_path / "prefixes")

@@ -400,7 +400,8 @@ class _GrammarCheck:
         if logit_bias:
             ids = np.fromiter((int(t) for t in logit_bias), dtype=np.int64, count=len(logit_bias))
             vals = np.fromiter((float(b) for b in logit_bias.values()), dtype=np.float32, count=len(logit_bias))
-            self._bias = (ids, vals)
+            keep = (ids >= 0) & (ids < self._n_vocab)  # as llama.cpp's logit-bias sampler, which skips the others
+            self._bias = (ids[keep], vals[keep])
         self._one = L.llama_token_data(0, 0.0, 0.0)
         self._one_arr = L.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
         self._all = None  # the full candidate array, made on the first rejection
@@ -419,11 +420,9 @@ class _GrammarCheck:
             self._all["id"] = np.arange(self._n_vocab, dtype=np.int32)
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
         self._all["logit"] = logits
-        self._all["p"] = 0.0
         if self._bias is not None:
             ids, vals = self._bias
-            keep = ids < self._n_vocab
-            np.add.at(self._all["logit"], ids[keep], vals[keep])
+            np.add.at(self._all["logit"], ids, vals)
         arr = L.llama_token_data_array(self._all.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
                                        self._n_vocab, -1, False)
         L.llama_sampler_apply(self._g, ctypes.byref(arr))

@@ -902,12 +902,11 @@ def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[in
     that brings no value of its own or is not written in the request + window (every string and number of it), so
     a list that really has one item stays as it was. {} when there is none; else {key: longer list, ..., "_ms":
     time}."""
-    # an optional list whose one item the request does not back is dropped afterwards however long it grows (the
-    # drop needs every item backed, and a longer list must start with that item), so it costs no second pass
-    # ({"reviewers": ["it"]} beside a pull request's required fields took a second decode of the whole answer)
-    # (a required one is always kept)
-    keys, _ = drop_unsupported({k: args[k] for k in one_item_lists(args, spec.input_schema)}, spec, source)
-    keys = list(keys)
+    # only the lists the drop keeps (every required one): an optional list whose one item the request does not back
+    # is dropped afterwards however long it grows (every item must be backed, and a longer list starts with that
+    # item), so it costs no second pass ({"reviewers": ["it"]} beside a pull request's required fields did)
+    kept, _ = drop_unsupported({k: args[k] for k in one_item_lists(args, spec.input_schema)}, spec, source)
+    keys = list(kept)
     schema = spec.input_schema
     if not keys:
         return {}

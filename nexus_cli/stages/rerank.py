@@ -26,7 +26,7 @@ import numpy as np
 from ..config import (FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES, FINETUNE_ROUNDS,
                       FINETUNE_SECOND_ROUND_EPOCHS)
 from ..errors import NexusError
-from ..results import atomic_write_json
+from ..results import atomic_write_bytes, atomic_write_json
 from . import textgen
 
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
@@ -252,21 +252,13 @@ class PrefixStore:
     def put(self, key: str, value: tuple[bytes, np.ndarray, int]) -> None:
         if not self._writable:
             return
-        import os
-        import tempfile
+        import io
 
         blob, first, n = value
+        buf = io.BytesIO()
+        np.savez(buf, state=np.frombuffer(blob, dtype=np.uint8), first=first.astype(np.float16), n=np.int64(n))
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-", suffix=".npz")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    np.savez(fh, state=np.frombuffer(blob, dtype=np.uint8), first=first.astype(np.float16),
-                             n=np.int64(n))
-                os.replace(tmp, self.path / f"{key}.npz")
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write_bytes(self.path / f"{key}.npz", buf.getvalue())
             self.writes += 1
             self._evict()
         except OSError:
@@ -344,11 +336,12 @@ class LikelihoodReranker:
         keys = [(e.server, e.name) for e in entries]
         missing = [k for k, key in enumerate(keys) if key not in self._prefix and key not in keys[:k]]
         fresh: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}
+        texts = {k: self.prefix_text(entries[k]) for k in missing}
         stored: dict[int, str] = {}
         if self.store is not None and missing:
             left = []
             for k in missing:
-                skey = stored[k] = PrefixStore.key(self.ctx, self.prefix_text(entries[k]))
+                skey = stored[k] = PrefixStore.key(self.ctx, texts[k])
                 hit = self.store.get(skey)
                 if hit is not None and self._restores(hit[0]):
                     fresh[keys[k]] = hit
@@ -359,8 +352,7 @@ class LikelihoodReranker:
             missing = left
         for g0 in range(0, len(missing), self.width):
             group = missing[g0:g0 + self.width]
-            toks = [self.ctx.tokenize(self.prefix_text(entries[k]), add_special=False, parse_special=False)
-                    for k in group]
+            toks = [self.ctx.tokenize(texts[k], add_special=False, parse_special=False) for k in group]
             seqs = [self.SEQ + n for n in range(len(group))]
             for seq in seqs:
                 self.ctx.seq_rm(seq)

@@ -12,12 +12,15 @@ from nexus_cli.errors import SchemaError
 from nexus_cli.registry import Tool, load_registries
 from nexus_cli.schema import compile_tool, validate_arguments
 from nexus_cli.stages.arguments import (
+    ArgumentPrefixes,
     build_messages,
     drop_unsupported,
     generate_arguments,
     prune_history,
     supported,
     surrogate,
+    tool_block,
+    tool_prefix_tokens,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +127,7 @@ def test_prompt_carries_signature_history_and_query():
     assert msgs[0]["role"] == "system"
     assert "user: I made acme/site" in text and "create_pull_request(" in text and text.endswith("Request: open a PR there")
     assert win == [{"role": "user", "content": "I made acme/site"}]
+    assert text.startswith("Conversation so far:\n") and (tool_block(spec) + "\n\nRequest: ") in text
 
 
 def test_uncompilable_tool_is_a_clear_error():
@@ -291,6 +295,66 @@ def test_smollm_end_to_end_valid_arguments(smollm):
         assert res.valid, (name, res.raw, res.errors)
         assert validate_arguments(tools[name].input_schema, res.arguments) == []
         assert res.timings_ms["total"] >= res.timings_ms["first_token"] > 0 and res.prompt_tokens > 50
+
+
+@pytest.mark.slow
+def test_tool_prefixes_kept_in_memory_and_on_disk_give_the_same_answer(smollm, tmp_path):
+    """ArgumentPrefixes: without history the prompt up to the end of the tool's block is the same for every call of
+    that tool (with history, the system prompt is); its KV state is decoded once, then restored (from memory, or
+    from disk in a new context) instead of decoded, and the answer is the one decoding it gives. A damaged file is a
+    miss: decoded and written again."""
+    from nexus_cli.adapters.llama import LlamaContext
+    from nexus_cli.prefix_store import PrefixStore
+
+    tools = {t.name: t for t in load_registries([FORGE])}
+    issue, commits = compile_tool(tools["create_issue"]), compile_tool(tools["list_commits"])
+    first_q, second_q = "file a bug in acme/api titled Login button broken", "report a crash in acme/web"
+    history = [{"role": "user", "content": "we work on acme/api"}]
+
+    # the shared part: without history the same tokens for two requests of one tool, more than the system prompt and
+    # less than the prompt; with history the system prompt and the user turn's header
+    model = smollm.model
+    m1, _ = build_messages(issue, first_q)
+    m2, _ = build_messages(issue, second_q)
+    m3, _ = build_messages(issue, second_q, history)
+    t1, t2, t3 = model.chat_tokens(m1), model.chat_tokens(m2), model.chat_tokens(m3)
+    n1 = tool_prefix_tokens(model, m1, tool_block(issue), t1)
+    n2 = tool_prefix_tokens(model, m2, tool_block(issue), t2)
+    n3 = tool_prefix_tokens(model, m3, tool_block(issue), t3)
+    system = len(model.chat_tokens(m1[:1], add_assistant=False))
+    assert n1 == n2 and system < n1 < len(t1) and t1[:n1] == t2[:n2]
+    assert system <= n3 < n1 and t3[:n3] == t1[:n3]
+
+    def run(ctx, prefixes, spec, query, hist=None):
+        return generate_arguments(ctx, spec, query, hist, max_tokens=96, prefixes=prefixes).raw
+
+    store = PrefixStore(tmp_path / "args")
+    ctx = LlamaContext(model, n_ctx=2048, n_seq_max=1)
+    made = ArgumentPrefixes(store=store)
+    calls = [(commits, "list the commits there", history), (issue, first_q, None),
+             (commits, "show the last commits of acme/web", None), (issue, second_q, None)]
+    decoded = [run(ctx, made, *c) for c in calls]
+    # the first call (history) keeps the system prompt's prefix, the next two their tools'; the fourth finds
+    # issue's in memory
+    assert (made.decoded, made.memory_hits, made.disk_hits) == (3, 1, 0)
+    assert len(list((tmp_path / "args").glob("*.npz"))) == 3
+    ctx.close()
+
+    ctx = LlamaContext(model, n_ctx=2048, n_seq_max=1)
+    again = ArgumentPrefixes(store=PrefixStore(tmp_path / "args"))
+    read = [run(ctx, again, *c) for c in calls]
+    assert (again.decoded, again.disk_hits, again.memory_hits) == (0, 3, 1)
+    assert read == decoded  # the restored state is the decoded one, byte for byte
+
+    ctx.close()
+
+    for f in (tmp_path / "args").glob("*.npz"):
+        f.write_bytes(b"not a state")
+    ctx = LlamaContext(model, n_ctx=2048, n_seq_max=1)
+    third = ArgumentPrefixes(store=PrefixStore(tmp_path / "args"))
+    assert run(ctx, third, issue, first_q) == decoded[1]
+    assert third.decoded == 1 and third.disk_hits == 0
+    ctx.close()
 
 
 @pytest.mark.slow

@@ -92,7 +92,8 @@ class RouterConfig:
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
     rerank_masking: bool = True  # the likelihood reranker scores the request with its values masked
-    prefix_store: bool = True  # the likelihood reranker keeps candidate prefixes on disk (rerank.PrefixStore)
+    prefix_store: bool = True  # decoded prefixes kept on disk (prefix_store.PrefixStore): the likelihood
+    # reranker's candidates, and each tool's argument prompt prefix (arguments.ArgumentPrefixes)
     extra: dict = field(default_factory=dict)
 
 
@@ -122,6 +123,7 @@ class Router:
         if self.rerank_k < 2:
             raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
         self._llm = llm
+        self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._warm()
 
@@ -308,8 +310,14 @@ class Router:
         schema could not be compiled, or output that fails validation, is reported, not raised."""
         from . import arguments as args_stage
 
+        if self._arg_prefixes is None:
+            from ..prefix_store import PrefixStore
+
+            store = PrefixStore.default(args_stage.PREFIX_SUBDIR) if self.config.prefix_store else None
+            self._arg_prefixes = args_stage.ArgumentPrefixes(store=store)
         try:
-            res = args_stage.generate_arguments(self.llm(), self._spec(entry), query, history=history)
+            res = args_stage.generate_arguments(self.llm(), self._spec(entry), query, history=history,
+                                                prefixes=self._arg_prefixes)
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise

@@ -19,13 +19,15 @@ class PrefixStore:
     in-memory cache lives only as long as one process).
 
     One file per prefix, `<key>.npz` (the llama.cpp sequence state, the next-token log-probabilities as float16, empty
-    where the user needs none, the prefix's length in tokens), written atomically. The key is a SHA-256 over everything the state depends on: the GGUF's
-    sha256, llama-cpp-python's version, the V-cache layout (flash attention or not) and the prefix text, so a stale
-    entry is never found, only left to age out. A file that does not load, or a state llama.cpp refuses, counts as
-    a miss and is removed. The directory is capped at `max_bytes`; the oldest files (by modification time) go first.
+    where the user needs none, the prefix's length in tokens), written atomically. The key is a SHA-256 over
+    everything the state depends on: the GGUF's sha256, llama-cpp-python's version, the V-cache layout (flash
+    attention or not) and the prefix's text (the arguments stage passes its token ids), so a stale entry is never
+    found, only left to age out. A file that does not load, or a state llama.cpp refuses, counts as a miss and is
+    removed. The directory is capped at `max_bytes`; the oldest files (by modification time) go first.
     Nothing here is required: a store that cannot be written (read-only disk, full disk) just stops saving."""
 
-    DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # ~340 prefixes of Qwen2.5-0.5B (~0.45 MB of KV + 0.3 MB of log-probs)
+    DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # ~340 reranker prefixes of Qwen2.5-0.5B (~0.45 MB of KV + 0.3 MB of
+    #                                        log-probs), ~100-160 argument prefixes (1.6-2.5 MB)
 
     def __init__(self, path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES):
         self.path = Path(path).expanduser()

@@ -280,9 +280,10 @@ def tool_prefix_tokens(model: Any, messages: Sequence[dict], block: str, tokens:
 class ArgumentPrefixes:
     """The prompt prefix a call shares with every call of its tool (tool_prefix_tokens: the system prompt and, for a
     call without history, the tool's block) kept as a llama.cpp sequence state: the last `memory_items` in memory
-    and, with a `PrefixStore`, on disk, so that a call decodes only the rest. A restored state is a byte copy of a decode of the same
-    tokens at the same positions, so the answer is the one decoding them gives. One object per LlamaContext user
-    (the Router keeps one); states are keyed by the model, the V-cache layout and the prefix's token ids."""
+    and, with a `PrefixStore`, on disk, so that a call decodes only the rest. A restored state is a byte copy of a
+    decode of the same tokens at the same positions, so the answer is the one decoding them gives. One object per
+    LlamaContext user (the Router keeps one); states are keyed by the model, the V-cache layout and the prefix's
+    token ids."""
 
     def __init__(self, store: Any = None, memory_items: int = 16):
         from collections import OrderedDict

@@ -252,7 +252,8 @@ def build_messages(spec: ToolSpec, query: str, history: Sequence[Any] | None = N
     return messages, window
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token lists share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -274,7 +275,7 @@ def tool_prefix_tokens(model: Any, messages: Sequence[dict], block: str, tokens:
         return 0
     end = at + len(block) if user.startswith(block) else at
     head = model.tokenize(rendered[:end], add_special=True, parse_special=True)
-    return _common_prefix(head, tokens)
+    return common_prefix(head, tokens)
 
 
 class ArgumentPrefixes:

@@ -110,15 +110,6 @@ def _variants(spec, tool, query, history):
     return msgs, msgs_full, sig, full
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def first_token_ms(ctx, tokens: list[int], grammar: str, cached: int) -> float:
     """Time to the first sampled token with `cached` leading tokens of `tokens` already in sequence 0."""
     if cached:
@@ -149,7 +140,7 @@ def run(
     from ..adapters.embedder import Embedder
     from ..adapters.llama import LlamaContext, load_model
     from ..schema import compile_tool
-    from .arguments import generate_arguments
+    from .arguments import common_prefix, generate_arguments
     from .route import Router, RouterConfig
 
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
@@ -215,7 +206,7 @@ def run(
                     m_sig, m_full, sig_text, full_text = _variants(spec, tool, c["query"], c.get("history"))
                     t_sig = llm.chat_tokens(m_sig)
                     t_full = llm.chat_tokens(m_full)
-                    common = _common_prefix(t_sig, t_full)
+                    common = common_prefix(t_sig, t_full)
                     tok["sig_turn"].append(len(t_sig) - common)
                     tok["full_turn"].append(len(t_full) - common)
                     tok["sig_text"].append(len(llm.tokenize(sig_text)))

@@ -696,6 +696,17 @@ class LlamaContext:
             )
         return int(n)
 
+    def try_state_seq_set(self, blob, seq_id: int) -> bool:
+        """state_seq_set for a blob that may be stale or damaged (one read back from disk): True when restored, False
+        (seq_id left empty) when llama.cpp refuses it."""
+        self.seq_rm(seq_id)
+        try:
+            self.state_seq_set(blob, seq_id)
+            return True
+        except ModelError:
+            self.seq_rm(seq_id)
+            return False
+
     # -- generation
     def generate(
         self,

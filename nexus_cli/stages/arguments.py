@@ -291,11 +291,11 @@ class ArgumentPrefixes:
 
         self.store = store
         self.memory_items = int(memory_items)
-        self._memory: "OrderedDict[str, tuple[bytes, int]]" = OrderedDict()
+        self._memory: "OrderedDict[str, bytes]" = OrderedDict()  # key -> state, least recently used first
         self.memory_hits = self.disk_hits = self.decoded = 0
 
-    def _remember(self, key: str, blob: bytes, n: int) -> None:
-        self._memory[key] = (blob, n)
+    def _remember(self, key: str, blob: bytes) -> None:
+        self._memory[key] = blob
         self._memory.move_to_end(key)
         while len(self._memory) > self.memory_items:
             self._memory.popitem(last=False)
@@ -303,40 +303,32 @@ class ArgumentPrefixes:
     def prepare(self, ctx: Any, tokens: Sequence[int], n_prefix: int, seq_id: int = 0, warm: int = 0) -> int:
         """Make `seq_id` hold tokens[:n_prefix] at positions 0.. (restored, or decoded from position `warm`, which the
         sequence already holds, and then kept). Returns n_prefix, the position generation starts from."""
-        from ..errors import ModelError
         from ..prefix_store import PrefixStore
 
         key = PrefixStore.key(ctx, "arguments\x00" + ",".join(map(str, tokens[:n_prefix])))
-        got = self._memory.get(key)
-        where = "memory"
-        if got is None and self.store is not None:
+        blob, from_disk = self._memory.get(key), False
+        if blob is None and self.store is not None:
             stored = self.store.get(key)
-            got, where = (stored[0], stored[2]) if stored is not None else None, "disk"
-        if got is not None and got[1] == n_prefix:
-            try:
-                ctx.seq_rm(seq_id)
-                ctx.state_seq_set(got[0], seq_id)
-                if ctx.seq_pos_max(seq_id) == n_prefix - 1:
-                    if where == "memory":
-                        self.memory_hits += 1
-                        self._memory.move_to_end(key)
-                    else:
-                        self.disk_hits += 1
-                        self._remember(key, got[0], n_prefix)
-                    return n_prefix
-            except ModelError:
-                pass
-            self._memory.pop(key, None)  # refused or wrong: decode it again below
+            blob, from_disk = (stored[0] if stored is not None else None), True
+        if blob is not None:
+            if ctx.try_state_seq_set(blob, seq_id) and ctx.seq_pos_max(seq_id) == n_prefix - 1:
+                if from_disk:
+                    self.disk_hits += 1
+                else:
+                    self.memory_hits += 1
+                self._remember(key, blob)
+                return n_prefix
+            self._memory.pop(key, None)  # refused: decoded again below
             if self.store is not None:
                 self.store.discard(key)
-            warm = 0
-        ctx.seq_rm(seq_id, warm if warm <= n_prefix else 0, -1)
-        start = warm if warm <= n_prefix else 0
+            warm = 0  # the attempt emptied the sequence
+        start = min(warm, n_prefix)
+        ctx.seq_rm(seq_id, start, -1)
         if start < n_prefix:
             ctx.decode(tokens[start:n_prefix], start, seq_id)
         blob = ctx.state_seq_get(seq_id)
         self.decoded += 1
-        self._remember(key, blob, n_prefix)
+        self._remember(key, blob)
         if self.store is not None:
             import numpy as np
 
@@ -1216,12 +1208,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     start = 0
     warm = _WARM.get(ctx)
     if warm is not None and warm[1] == ctx.seq_pos_max(seq_id) and seq_id == 0:
-        prev = warm[0]
-        n = 0
-        limit = min(len(prev), len(tokens) - 1)
-        while n < limit and prev[n] == tokens[n]:
-            n += 1
-        start = n
+        start = common_prefix(warm[0], tokens[:-1])  # at least one token is decoded, for the logits
     if prefixes is not None:
         n_prefix = tool_prefix_tokens(ctx.model, messages, tool_block(spec, descriptions), tokens)
         if start < n_prefix:

@@ -278,16 +278,9 @@ class LikelihoodReranker:
 
     def _restores(self, blob: bytes) -> bool:
         """Does llama.cpp accept this stored state (tried on sequence SEQ, emptied again)?"""
-        from ..errors import ModelError
-
-        try:
-            self.ctx.seq_rm(self.SEQ)
-            self.ctx.state_seq_set(blob, self.SEQ)
-            return True
-        except ModelError:
-            return False
-        finally:
-            self.ctx.seq_rm(self.SEQ)
+        ok = self.ctx.try_state_seq_set(blob, self.SEQ)
+        self.ctx.seq_rm(self.SEQ)
+        return ok
 
     @property
     def width(self) -> int:

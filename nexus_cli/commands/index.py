@@ -77,8 +77,10 @@ def index_command(
         emit_json(report.as_json())
         return
     c = stdout_console()
-    c.print(f"[bold green]indexed[/] {report.n_tools} tools from {report.n_servers} servers "
-            f"({report.n_vectors} INT8 vectors, dim {report.dim}) → {report.out}")
+    servers = "server" if report.n_servers == 1 else "servers"
+    # soft_wrap: the index path stays on one line (copyable) however narrow the terminal
+    c.print(f"[bold green]indexed[/] {report.n_tools} tools from {report.n_servers} {servers} "
+            f"({report.n_vectors} INT8 vectors, dim {report.dim}) → {report.out}", soft_wrap=True)
     c.print(f"gate: τ = {report.tau:.4f} (P20 of adversarial-pair margins), expected fire rate "
             f"{report.fire_rate:.1%}")
     ex = report.examples

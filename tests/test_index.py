@@ -416,6 +416,15 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
         assert pos == docs[gold[q]] and len(negs) == 1 and negs[0] != pos and negs[0] in docs.values()
     tuned = Embedder(str(tmp_path / "ft"))  # a loadable sentence-transformers folder
     assert tuned.encode_one("squash it into main").shape == (384,)
+    # the router embeds requests with it in NumPy: the folder the fine-tuning writes (its own module and pooling
+    # formats, its 96-token limit kept in tokenizer_config.json) gives sentence-transformers' float32 vectors
+    from nexus_cli.adapters.embedder import NumpyBertEncoder
+
+    numpy_tuned = NumpyBertEncoder(tmp_path / "ft")
+    exact = Embedder(str(tmp_path / "ft"), query_precision="float32")
+    assert numpy_tuned.max_length == exact.model.max_seq_length
+    texts = ["squash it into main", "which bugs are still open in acme/api " * 20]
+    assert float(np.abs(numpy_tuned.encode(texts) - exact.encode(texts, role="query")).max()) < 2e-5
 
     # the folder records how it was trained, so an index built later with it as `--embedder` knows that its
     # embedder was fine-tuned on example requests, and the router's `auto` reranker stays off there

@@ -3,6 +3,11 @@
 Everything heavy is imported lazily, inside `Embedder.__init__`, so `nexus --help` never pays for torch. The model is
 loaded strictly offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE are set before the import) from the verified local
 folder resolved by `nexus_cli.models.resolve_model`. Vectors come back as L2-normalised float32 [n, dim].
+
+Requests are embedded without torch where the model allows it (`query_embedder`): importing sentence-transformers
+costs ~7 s on 2 cores, against ~15 ms for the request itself, so a one-shot `nexus route` spent almost all its time
+importing. `NumpyBertEncoder` runs the same BERT forward pass in NumPy from the folder's safetensors and tokenizer.json
+(tests/test_embedder_numpy.py holds it to sentence-transformers' float32 output).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ DEFAULT_THREADS = int(os.environ.get("NEXUS_THREADS", "2") or 2)
 # (AVX512_BF16 / AMX), which measured 1.6-1.7x faster than float32 for a request on 2 cores at a cosine of 0.9999 to
 # the float32 vector; documents (tool texts, the SLB) stay float32. "float32" turns it off.
 QUERY_PRECISION = os.environ.get("NEXUS_QUERY_PRECISION", "auto").strip().lower() or "auto"
+# Which code embeds requests at route time: "auto" (NumPy where the model is a BERT mean-pooling encoder, else
+# sentence-transformers), "numpy" (required: an unsupported model is an error) or "torch" (sentence-transformers).
+QUERY_ENCODER = os.environ.get("NEXUS_QUERY_ENCODER", "auto").strip().lower() or "auto"
 
 
 def _offline_env() -> None:
@@ -149,6 +157,229 @@ class Embedder:
                                                 normalize_embeddings=True, show_progress_bar=False,
                                                 prompt_name=self._prompt_name("query"))
         return _unit_rows(v)[0]
+
+
+class NumpyBertEncoder:
+    """Request embeddings of a sentence-transformers BERT model (Transformer → mean Pooling → Normalize, no prompts,
+    e.g. all-MiniLM-L6-v2 and the router embedders `nexus index --finetune` writes) computed in NumPy, float32.
+
+    It reads what sentence-transformers reads: config.json, model.safetensors (through safetensors.numpy), the fast
+    tokenizer's tokenizer.json (through `tokenizers`), the maximum sequence length, and runs BertModel's forward pass
+    (embeddings + LayerNorm, then per layer: self-attention with padded keys masked, output projection + residual +
+    LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the masked mean over tokens and L2
+    normalisation. Same interface as `Embedder` for queries: encode_one, encode_few, encode."""
+
+    def __init__(self, path: str | Path):
+        import json
+
+        import numpy as np
+
+        self.path = Path(path)
+        self.name = self.path.name
+        why = numpy_unsupported_reason(self.path)
+        if why:
+            raise ModelError(f"embedder {self.path} cannot run in NumPy: {why}")
+        cfg = json.loads((self.path / "config.json").read_text("utf-8"))
+        self.dim = int(cfg["hidden_size"])
+        self.heads = int(cfg["num_attention_heads"])
+        self.eps = float(cfg.get("layer_norm_eps", 1e-12))
+        self.prompts: dict[str, str] = {}
+        self.max_length = _max_seq_length(self.path, cfg)
+        try:
+            from safetensors.numpy import load_file
+            from tokenizers import Tokenizer
+
+            weights = load_file(str(self.path / "model.safetensors"))
+            self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001 - a broken model folder must become one clear line
+            raise ModelError(f"cannot load the embedder from {self.path}: {type(e).__name__}: {e}") from None
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.max_length)
+        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
+
+        def w(name: str):
+            key = prefix + name
+            if key not in weights:
+                raise ModelError(f"embedder {self.path}: model.safetensors has no {key}")
+            return np.ascontiguousarray(weights[key], dtype=np.float32)
+
+        self.word = w("embeddings.word_embeddings.weight")
+        self.position = w("embeddings.position_embeddings.weight")
+        self.token_type = w("embeddings.token_type_embeddings.weight")
+        self.emb_norm = (w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
+        self.layers = []
+        for i in range(int(cfg["num_hidden_layers"])):
+            a = f"encoder.layer.{i}."
+            # Q, K and V as one [dim, 3*dim] product: one matrix multiply per layer instead of three
+            qkv = np.concatenate([w(a + f"attention.self.{x}.weight") for x in ("query", "key", "value")]).T
+            qkv_b = np.concatenate([w(a + f"attention.self.{x}.bias") for x in ("query", "key", "value")])
+            self.layers.append({
+                "qkv": np.ascontiguousarray(qkv), "qkv_b": qkv_b,
+                "out": np.ascontiguousarray(w(a + "attention.output.dense.weight").T),
+                "out_b": w(a + "attention.output.dense.bias"),
+                "norm1": (w(a + "attention.output.LayerNorm.weight"), w(a + "attention.output.LayerNorm.bias")),
+                "up": np.ascontiguousarray(w(a + "intermediate.dense.weight").T),
+                "up_b": w(a + "intermediate.dense.bias"),
+                "down": np.ascontiguousarray(w(a + "output.dense.weight").T),
+                "down_b": w(a + "output.dense.bias"),
+                "norm2": (w(a + "output.LayerNorm.weight"), w(a + "output.LayerNorm.bias")),
+            })
+
+    def _layer_norm(self, x, gamma, beta):
+        import numpy as np
+
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + self.eps) * gamma + beta
+
+    def _forward(self, ids, types, mask):
+        """ids, types, mask: int [n, L] → token states float32 [n, L, dim]."""
+        import numpy as np
+
+        n, length = ids.shape
+        x = self.word[ids] + self.position[:length][None] + self.token_type[types]
+        x = self._layer_norm(x, *self.emb_norm)
+        hd = self.dim // self.heads
+        # padded keys get float32's lowest value, as transformers' BERT adds to their attention scores
+        key_bias = np.where(mask[:, None, None, :] > 0, 0.0, np.finfo(np.float32).min).astype(np.float32)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        for layer in self.layers:
+            qkv = x @ layer["qkv"] + layer["qkv_b"]  # [n, L, 3*dim]
+            qkv = qkv.reshape(n, length, 3, self.heads, hd).transpose(2, 0, 3, 1, 4)  # [3, n, heads, L, hd]
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + key_bias
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs = scores / scores.sum(axis=-1, keepdims=True)
+            ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dim)
+            x = self._layer_norm(x + (ctx @ layer["out"] + layer["out_b"]), *layer["norm1"])
+            h = _gelu(x @ layer["up"] + layer["up_b"])
+            x = self._layer_norm(x + (h @ layer["down"] + layer["down_b"]), *layer["norm2"])
+        return x
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None,
+               role: str = "query"):
+        import numpy as np
+
+        texts = list(texts)
+        out = []
+        for i in range(0, len(texts), batch_size):
+            chunk = texts[i : i + batch_size]
+            encs = self.tokenizer.encode_batch(chunk)
+            length = max(len(e.ids) for e in encs)
+            ids = np.zeros((len(encs), length), dtype=np.int64)
+            types = np.zeros_like(ids)
+            mask = np.zeros_like(ids)
+            for j, e in enumerate(encs):
+                ids[j, : len(e.ids)] = e.ids
+                types[j, : len(e.ids)] = e.type_ids
+                mask[j, : len(e.ids)] = e.attention_mask
+            states = self._forward(ids, types, mask)
+            m = mask[:, :, None].astype(np.float32)
+            pooled = (states * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+            out.append(_unit_rows(pooled))
+            if callback is not None:
+                callback(len(chunk))
+        if not out:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.ascontiguousarray(np.concatenate(out, axis=0), dtype=np.float32)
+
+    def encode_few(self, texts: Sequence[str]):
+        """A handful of query texts in one forward pass, [n, dim] float32, unit norm."""
+        return self.encode(texts, batch_size=max(1, len(texts)))
+
+    def encode_one(self, text: str):
+        """One query, [dim] float32, unit norm."""
+        return self.encode([text], batch_size=1)[0]
+
+
+def _gelu(x):
+    """BERT's exact GELU, x * Phi(x), with erf by Abramowitz & Stegun 7.1.26 (erf's absolute error under 1.5e-7,
+    float32's own resolution): NumPy has no erf, and SciPy's import alone would cost ~0.25 s of a ~15 ms request."""
+    import numpy as np
+
+    z = np.abs(x) * np.float32(0.7071067811865476)
+    t = 1.0 / (1.0 + np.float32(0.3275911) * z)
+    poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
+           + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
+    erf_abs = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * x * (1.0 + np.copysign(erf_abs, x))
+
+
+def _max_seq_length(path: Path, cfg: dict) -> int:
+    """The token limit sentence-transformers applies: sentence_bert_config.json's max_seq_length, else the tokenizer's
+    model_max_length, never past the model's position table."""
+    import json
+
+    limit = int(cfg.get("max_position_embeddings", 512))
+    for fname, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        try:
+            value = json.loads((path / fname).read_text("utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and 0 < value:
+            return min(value, limit)
+    return limit
+
+
+def numpy_unsupported_reason(path: Path) -> str | None:
+    """Why `NumpyBertEncoder` cannot stand in for sentence-transformers on this model folder (None: it can)."""
+    import json
+
+    def load(name: str):
+        try:
+            return json.loads((path / name).read_text("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ModelError(f"embedder {path}: {name} is unreadable: {e}") from None
+
+    cfg = load("config.json")
+    if not isinstance(cfg, dict) or cfg.get("model_type") != "bert":
+        return "not a BERT model"
+    if cfg.get("hidden_act") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
+        return "a BERT variant (activation or position embeddings) the NumPy encoder does not implement"
+    for name in ("model.safetensors", "tokenizer.json"):
+        if not (path / name).is_file():
+            return f"no {name}"
+    modules = load("modules.json")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules] if isinstance(modules, list) else []
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        return f"modules {kinds or '?'} are not Transformer, Pooling[, Normalize]"
+    pooling = load(f"{modules[1].get('path') or '1_Pooling'}/config.json") or {}
+    mean = pooling.get("pooling_mode") == "mean" or (
+        pooling.get("pooling_mode_mean_tokens") is True
+        and not any(pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens",
+                                              "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                                              "pooling_mode_lasttoken")))
+    if not mean:
+        return "its pooling is not a plain mean over tokens"
+    st = load("config_sentence_transformers.json") or {}
+    if any((st.get("prompts") or {}).values()) or st.get("default_prompt_name"):
+        return "it uses prompts"
+    return None
+
+
+def query_embedder(name_or_path: str | Path = "minilm", threads: int | None = None, encoder: str | None = None):
+    """What embeds requests at route time: a NumpyBertEncoder where the model allows it (no torch import), else the
+    sentence-transformers Embedder. encoder (or $NEXUS_QUERY_ENCODER): auto, numpy or torch."""
+    from ..models import resolve_model
+
+    choice = (encoder or QUERY_ENCODER).strip().lower()
+    if choice not in ("auto", "numpy", "torch"):
+        raise ModelError(f"query encoder must be auto, numpy or torch, not {choice!r} (NEXUS_QUERY_ENCODER)")
+    if choice != "torch":
+        path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
+        why = numpy_unsupported_reason(Path(path)) if Path(path).is_dir() else "not a model folder"
+        if why is None:
+            try:
+                return NumpyBertEncoder(path)
+            except ModelError:
+                if choice == "numpy":
+                    raise
+                # auto: sentence-transformers loads what NumPy cannot (bfloat16 weights), or says why it cannot
+        elif choice == "numpy":
+            raise ModelError(f"embedder {path} cannot run in NumPy: {why}")
+    return Embedder(name_or_path, threads=threads)
 
 
 def _unit_rows(v):

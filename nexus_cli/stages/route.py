@@ -92,6 +92,7 @@ class RouterConfig:
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
     rerank_masking: bool = True  # the likelihood reranker scores the request with its values masked
+    query_encoder: str | None = None  # what embeds requests: auto / numpy / torch; None: $NEXUS_QUERY_ENCODER or auto
     prefix_store: bool = True  # decoded prefixes kept on disk (prefix_store.PrefixStore): the likelihood
     # reranker's candidates, and each tool's argument prompt prefix (arguments.ArgumentPrefixes)
     extra: dict = field(default_factory=dict)
@@ -113,9 +114,12 @@ class Router:
         self.value_masking = (self.index.value_masking if self.config.value_masking is None
                               else bool(self.config.value_masking))
         if embedder is None:
-            from ..adapters.embedder import Embedder
+            # requests are embedded in NumPy where the model allows it: no torch / sentence-transformers import
+            # (~7 s of a one-shot `nexus route`); adapters.embedder.query_embedder says when it falls back
+            from ..adapters.embedder import query_embedder
 
-            embedder = Embedder(self.index.embedder, threads=self.config.threads)
+            embedder = query_embedder(self.index.embedder, threads=self.config.threads,
+                                      encoder=self.config.query_encoder)
         self.embedder = embedder
         self._reranker = None
         self._reranker_name = self._pick_reranker()

@@ -1,0 +1,160 @@
+"""Request embedding in NumPy (adapters.embedder.NumpyBertEncoder), held to sentence-transformers on the real MiniLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nexus_cli.adapters.embedder import Embedder, NumpyBertEncoder, numpy_unsupported_reason, query_embedder
+from nexus_cli.errors import ModelError
+from nexus_cli.models import resolve_model
+from nexus_cli.registry import load_registries
+from nexus_cli.stages import index as index_stage
+from nexus_cli.stages.route import Router, RouterConfig
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = REPO / "tool_registries" / "github_like.json"
+
+TEXTS = [
+    "open a pull request in acme/api from feature/login into main titled Add login page",
+    "Open a PR in repository from feature/login into main titled text",
+    "",
+    "?",
+    "北京 天气 怎么样",
+    "café naïve résumé — “quoted” ünïcödé",
+    "   leading and trailing spaces   ",
+    "a very long request " + " ".join(f"word{i}" for i in range(600)),  # past the 256-token limit: truncated
+    "what's changed there that I haven't staged yet?",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm_path() -> Path:
+    return resolve_model("minilm", kind="embedder")
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_path):
+    return Embedder(str(minilm_path), query_precision="float32")
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm_path):
+    return NumpyBertEncoder(minilm_path)
+
+
+def test_numpy_encoder_matches_sentence_transformers(encoder, reference):
+    assert encoder.dim == reference.dim == 384
+    assert encoder.max_length == reference.model.max_seq_length == 256
+    got = encoder.encode(TEXTS)
+    want = reference.encode(TEXTS, role="query")
+    assert got.dtype == np.float32 and got.shape == want.shape and got.flags["C_CONTIGUOUS"]
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    # float32 both ways: the differences are rounding (a wrong GELU, mask or truncation moves them past 1e-3)
+    assert float(np.abs(got - want).max()) < 2e-5
+    # one text alone and inside a padded batch give the same vector: padding is masked out
+    for i in (0, 4, 7):
+        assert float(np.abs(encoder.encode_one(TEXTS[i]) - got[i]).max()) < 1e-5
+    few = encoder.encode_few(TEXTS[:2])
+    assert few.shape == (2, 384) and float(np.abs(few - got[:2]).max()) < 1e-5
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def _model_copy(src: Path, dst: Path) -> Path:
+    """A model folder whose JSON files can be edited: small files copied, the weights linked."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_dir():
+            shutil.copytree(f, dst / f.name)
+        elif f.suffix == ".json" or f.suffix == ".txt":
+            shutil.copy(f, dst / f.name)
+        else:
+            (dst / f.name).symlink_to(f)
+    return dst
+
+
+def _edit(path: Path, **changes) -> None:
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_numpy_encoder_refuses_models_it_does_not_implement(minilm_path, tmp_path):
+    assert numpy_unsupported_reason(minilm_path) is None
+    cases = {
+        "mpnet": lambda d: _edit(d / "config.json", model_type="mpnet"),
+        "relu": lambda d: _edit(d / "config.json", hidden_act="relu"),
+        "cls": lambda d: (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"})),
+        "dense": lambda d: (d / "modules.json").write_text(json.dumps(
+            json.loads((d / "modules.json").read_text()) + [{"idx": 3, "name": "3", "path": "3_Dense",
+                                                              "type": "sentence_transformers.models.Dense"}])),
+        "prompts": lambda d: _edit(d / "config_sentence_transformers.json", prompts={"query": "query: "}),
+        "no-tokenizer": lambda d: (d / "tokenizer.json").unlink(),
+    }
+    expected = {"mpnet": "not a BERT model", "relu": "BERT variant", "cls": "pooling", "dense": "modules",
+                "prompts": "prompts", "no-tokenizer": "no tokenizer.json"}
+    for name, change in cases.items():
+        folder = _model_copy(minilm_path, tmp_path / name)
+        change(folder)
+        why = numpy_unsupported_reason(folder)
+        assert why is not None and expected[name] in why, (name, why)
+        with pytest.raises(ModelError, match="cannot run in NumPy"):
+            query_embedder(folder, encoder="numpy")
+    # auto falls back to sentence-transformers where the NumPy encoder does not apply (a prompt is not one of its
+    # features); torch always means sentence-transformers; anything else is an error
+    assert isinstance(query_embedder(tmp_path / "prompts", encoder="auto"), Embedder)
+    assert isinstance(query_embedder("minilm", encoder="torch"), Embedder)
+    assert isinstance(query_embedder("minilm", encoder="auto"), NumpyBertEncoder)
+    with pytest.raises(ModelError, match="auto, numpy or torch"):
+        query_embedder("minilm", encoder="onnx")
+
+
+@pytest.fixture(scope="module")
+def forge_index(tmp_path_factory, reference):
+    out = tmp_path_factory.mktemp("numpy-route") / "forge"
+    index_stage.build_index(load_registries([FORGE]), out, embedder=reference)
+    return out
+
+
+def test_router_embeds_requests_in_numpy_with_the_same_decisions(forge_index, reference):
+    queries = [json.loads(x)["query"] for x in (REPO / "tool_registries" / "demo_queries.jsonl").read_text().splitlines()
+               if x.strip()]
+    fast = Router(forge_index, RouterConfig(reranker="none"))
+    assert isinstance(fast.embedder, NumpyBertEncoder)  # the default (auto) for MiniLM
+    slow = Router(forge_index, RouterConfig(reranker="none"), embedder=reference)
+    for q in queries:
+        a, b = fast.route(q, with_args=False), slow.route(q, with_args=False)
+        assert (a.server, a.tool) == (b.server, b.tool)
+        assert [c.tool for c in a.candidates] == [c.tool for c in b.candidates]
+        # the request is INT8-quantized before the scan, so a rounding-level difference can move one component by
+        # one step (~3e-4 of a score); a wrong encoder moves scores by 1e-2 and more
+        assert max(abs(x.score - y.score) for x, y in zip(a.candidates, b.candidates)) < 2e-3
+        assert abs(a.gate["margin"] - b.gate["margin"]) < 2e-3
+
+
+def test_one_shot_route_does_not_import_torch(forge_index):
+    """The point of the NumPy encoder: a `nexus route` process never imports torch or sentence-transformers."""
+    code = ("import json, sys\n"
+            "from nexus_cli.stages.route import Router, RouterConfig\n"
+            f"r = Router({str(forge_index)!r}, RouterConfig(reranker='none'))\n"
+            "res = r.route('merge PR 12 in acme/api', with_args=False)\n"
+            "print(json.dumps({'tool': res.tool, 'heavy': sorted(m for m in ('torch', 'transformers', "
+            "'sentence_transformers') if m in sys.modules)}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NEXUS_QUERY_ENCODER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"tool": "merge_pull_request", "heavy": []}
+    # and NEXUS_QUERY_ENCODER=torch still takes the sentence-transformers path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**env, "NEXUS_QUERY_ENCODER": "torch"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["tool"] == "merge_pull_request" and "torch" in got["heavy"]

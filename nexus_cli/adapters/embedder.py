@@ -12,10 +12,13 @@ importing. `NumpyBertEncoder` runs the same BERT forward pass in NumPy from the 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np  # light (~0.1 s); the NumPy request encoder uses it on every request. torch stays lazy
 
 from ..errors import ModelError
 
@@ -117,7 +120,6 @@ class Embedder:
         """Embed texts in batches; returns a C-contiguous, L2-normalised float32 array [n, dim]. `callback(n_done)` is
         called after each batch (for progress bars). role: "document" (tool texts) or "query" (requests, probes);
         it selects the model's own prompt for that role, if it has one."""
-        import numpy as np
         import torch
 
         texts = list(texts)
@@ -138,7 +140,6 @@ class Embedder:
     def encode_few(self, texts: Sequence[str]):
         """A handful of query texts in one forward pass, [n, dim] float32, unit norm (a request and its value-masked
         form: one batch of two costs ~1.3x one text, two calls 2x)."""
-        import numpy as np
         import torch
 
         with torch.inference_mode():
@@ -149,7 +150,6 @@ class Embedder:
 
     def encode_one(self, text: str):
         """One query, [dim] float32, unit norm (fast path: no batching overhead)."""
-        import numpy as np
         import torch
 
         with torch.inference_mode():
@@ -170,10 +170,6 @@ class NumpyBertEncoder:
     normalisation. Same interface as `Embedder` for queries: encode_one, encode_few, encode."""
 
     def __init__(self, path: str | Path):
-        import json
-
-        import numpy as np
-
         self.path = Path(path)
         self.name = self.path.name
         why = numpy_unsupported_reason(self.path)
@@ -226,16 +222,12 @@ class NumpyBertEncoder:
             })
 
     def _layer_norm(self, x, gamma, beta):
-        import numpy as np
-
         mu = x.mean(axis=-1, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
         return (x - mu) / np.sqrt(var + self.eps) * gamma + beta
 
     def _forward(self, ids, types, mask):
         """ids, types, mask: int [n, L] → token states float32 [n, L, dim]."""
-        import numpy as np
-
         n, length = ids.shape
         x = self.word[ids] + self.position[:length][None] + self.token_type[types]
         x = self._layer_norm(x, *self.emb_norm)
@@ -258,8 +250,6 @@ class NumpyBertEncoder:
 
     def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None,
                role: str = "query"):
-        import numpy as np
-
         texts = list(texts)
         out = []
         for i in range(0, len(texts), batch_size):
@@ -295,8 +285,6 @@ class NumpyBertEncoder:
 def _gelu(x):
     """BERT's exact GELU, x * Phi(x), with erf by Abramowitz & Stegun 7.1.26 (erf's absolute error under 1.5e-7,
     float32's own resolution): NumPy has no erf, and SciPy's import alone would cost ~0.25 s of a ~15 ms request."""
-    import numpy as np
-
     z = np.abs(x) * np.float32(0.7071067811865476)
     t = 1.0 / (1.0 + np.float32(0.3275911) * z)
     poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
@@ -308,8 +296,6 @@ def _gelu(x):
 def _max_seq_length(path: Path, cfg: dict) -> int:
     """The token limit sentence-transformers applies: sentence_bert_config.json's max_seq_length, else the tokenizer's
     model_max_length, never past the model's position table."""
-    import json
-
     limit = int(cfg.get("max_position_embeddings", 512))
     for fname, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
         try:
@@ -323,8 +309,6 @@ def _max_seq_length(path: Path, cfg: dict) -> int:
 
 def numpy_unsupported_reason(path: Path) -> str | None:
     """Why `NumpyBertEncoder` cannot stand in for sentence-transformers on this model folder (None: it can)."""
-    import json
-
     def load(name: str):
         try:
             return json.loads((path / name).read_text("utf-8"))
@@ -369,23 +353,17 @@ def query_embedder(name_or_path: str | Path = "minilm", threads: int | None = No
         raise ModelError(f"query encoder must be auto, numpy or torch, not {choice!r} (NEXUS_QUERY_ENCODER)")
     if choice != "torch":
         path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
-        why = numpy_unsupported_reason(Path(path)) if Path(path).is_dir() else "not a model folder"
-        if why is None:
-            try:
-                return NumpyBertEncoder(path)
-            except ModelError:
-                if choice == "numpy":
-                    raise
-                # auto: sentence-transformers loads what NumPy cannot (bfloat16 weights), or says why it cannot
-        elif choice == "numpy":
-            raise ModelError(f"embedder {path} cannot run in NumPy: {why}")
+        try:
+            return NumpyBertEncoder(path)  # refuses, with the reason, a model it does not implement
+        except ModelError:
+            if choice == "numpy":
+                raise
+            # auto: sentence-transformers takes what NumPy does not (or says why it cannot load it either)
     return Embedder(name_or_path, threads=threads)
 
 
 def _unit_rows(v):
     """float32, C-contiguous, rows re-normalised in float32 (a bfloat16 model normalises to only ~3 digits)."""
-    import numpy as np
-
     v = np.asarray(v, dtype=np.float32)
     norms = np.linalg.norm(v, axis=1, keepdims=True)
     return np.ascontiguousarray(v / np.maximum(norms, 1e-12), dtype=np.float32)
@@ -464,7 +442,6 @@ class PairScorer:
         self.max_length = max_length
 
     def score(self, queries: Sequence[str], docs: Sequence[str]):
-        import numpy as np
         import torch
 
         with torch.inference_mode():
@@ -629,8 +606,6 @@ def same_answer_mask(positive_classes: Sequence[int], negative_classes: Sequence
     """[queries, candidates] bool mask of a batch's softmax: the candidates are the queries' own positives (in order)
     then every negative. True where a candidate other than the query's own positive has the query's class (two
     requests of one tool in a batch): it is not a wrong answer, so it is left out of that query's softmax."""
-    import numpy as np
-
     own = np.asarray(positive_classes)
     cand = np.concatenate([own, np.asarray(negative_classes, dtype=own.dtype)])
     mask = own[:, None] == cand[None, :]
@@ -654,7 +629,6 @@ def train_linear_adapter(queries, vectors, owners, targets, n_tools: int, steps:
 
     queries [n, d] float32 (unit norm), vectors [m, d] float32, owners [m] tool of each vector, targets [n] tool index.
     Returns (W float32 [d, d], log dict)."""
-    import numpy as np
     import torch
 
     set_threads(threads)

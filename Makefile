@@ -9,7 +9,6 @@ STAMP    := $(VENV)/.installed
 BUILD    := build
 ASAN     := build-asan
 JOBS     ?= 2
-DEMO_DIR := .nexus/demo
 
 .PHONY: all setup venv native models test test-native test-sanitize test-python demo results results-quick fuzz clean distclean
 
@@ -50,7 +49,7 @@ native: $(STAMP)
 	@cmake --build $(BUILD) -j $(JOBS)
 
 models: $(STAMP)
-	$(VPY) -m nexus_cli.models fetch
+	$(NEXUS) models fetch
 
 test: setup test-native test-sanitize test-python
 
@@ -67,17 +66,16 @@ test-python: setup
 	$(VPY) -m pytest -q
 
 demo: setup
-	$(NEXUS) index tool_registries --out $(DEMO_DIR)/index
-	$(NEXUS) route "open a pull request in acme/api from feature/login into main titled Add login page" \
-		--index $(DEMO_DIR)/index --model qwen2.5-0.5b
+	$(NEXUS) index tool_registries
+	$(NEXUS) route "open a pull request in acme/api from feature/login into main titled Add login page"
 
 results: setup
-	$(VPY) -m nexus_cli.stages.results_all; rc=$$?; \
-	$(VPY) -m nexus_cli.stages.results_summary --readme >/dev/null && echo "results/SUMMARY.md and README.md tables updated"; \
+	$(NEXUS) results all; rc=$$?; \
+	$(NEXUS) results summary --readme >/dev/null && echo "results/SUMMARY.md and README.md tables updated"; \
 	exit $$rc
 
 results-quick: setup
-	$(VPY) -m nexus_cli.stages.results_all --quick
+	$(NEXUS) results all --quick
 
 fuzz: setup
 	$(MAKE) -C fuzz run

@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/args_eval.py                       # qwen2.5-0.5b on benchmarks/queries/args_cases.jsonl
     .venv/bin/python benchmarks/args_eval.py --cases tool_registries/demo_queries.jsonl --registry tool_registries
-    .venv/bin/python benchmarks/args_eval.py --few-shot | --no-post | --no-descriptions    # ablations
+    .venv/bin/python benchmarks/args_eval.py --no-post | --no-descriptions    # ablations
 
 Isolates the arguments stage (no routing): for each case the gold (server, tool) is compiled with
-nexus_cli.schema.compile_tool and nexus_cli.stages.arguments.generate_arguments fills it in. A gold argument counts
+nexus_cli.schema.compile_tool and nexus_cli.arguments.pipeline.generate_arguments fills it in. A gold argument counts
 as right when the generated value equals it (numbers by value, strings exactly after trimming; `free_text_args`
 loosely: same words ignoring case and punctuation, or one contains the other). Extra keys the model adds beyond the
 gold are counted as invented. Also reports the compressed signature's length in Qwen tokens over all tools of the
@@ -29,23 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nexus_cli.arguments import generate_arguments  # noqa: E402
+from nexus_cli.lab.bench_args import values_equal  # noqa: E402  (the one scoring rule, shared with nexus bench args)
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.schema import compile_tool, validate_arguments  # noqa: E402
-from nexus_cli.stages.arguments import COPY_BIAS, generate_arguments  # noqa: E402
-
-
-def values_equal(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    if isinstance(a, str) and isinstance(b, str):
-        return a.strip() == b.strip()
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return set(a) == set(b) and all(values_equal(a[k], b[k]) for k in a)
-    return a == b
 
 
 def loose_equal(a, b) -> bool:
@@ -70,11 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("NEXUS_THREADS", "0") or 0) or None)
     ap.add_argument("--max-cases", type=int, default=None)
-    ap.add_argument("--few-shot", action="store_true", help="add the synthetic micro example (off by default)")
     ap.add_argument("--no-post", action="store_true", help="keep optional fields the context does not support")
     ap.add_argument("--no-descriptions", action="store_true", help="bare one-line signature in the prompt")
-    ap.add_argument("--copy-bias", type=float, default=None,
-                    help="logit bias toward the conversation's own tokens (default: arguments.COPY_BIAS; 0 = off)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -87,7 +71,7 @@ def main(argv=None) -> int:
     if a.max_cases:
         cases = cases[: a.max_cases]
     model = load_model(a.model)
-    # flash attention, as the Router's context (stages/route.py) runs the arguments stage
+    # flash attention, as the Router's context (routing/router.py) runs the arguments stage
     ctx = LlamaContext(model, n_ctx=4096, n_seq_max=1, n_threads=a.threads, flash_attn=True)
 
     # signature length over the whole registry, in this model's tokens
@@ -107,8 +91,8 @@ def main(argv=None) -> int:
             print(f"skip {c['id']}: {key} not in the registry", file=sys.stderr)
             continue
         spec = compile_tool(tool)
-        res = generate_arguments(ctx, spec, c["query"], c.get("history"), few_shot=a.few_shot,
-                                 descriptions=not a.no_descriptions, post_process=not a.no_post, bias=a.copy_bias)
+        res = generate_arguments(ctx, spec, c["query"], c.get("history"), descriptions=not a.no_descriptions,
+                                 post_process=not a.no_post)
         try:
             json.loads(res.raw)
             json_ok += 1
@@ -139,8 +123,7 @@ def main(argv=None) -> int:
     report = {
         "suite": "args_eval (gold tool given)",
         "cases_file": str(a.cases), "cases": n, "model": a.model, "threads": ctx.n_threads,
-        "config": {"few_shot": a.few_shot, "post_process": not a.no_post, "descriptions": not a.no_descriptions,
-                   "copy_bias": COPY_BIAS if a.copy_bias is None else a.copy_bias},
+        "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions},
         "specified_args": spec_total, "specified_right": spec_ok,
         "specified_accuracy": round(spec_ok / spec_total, 4) if spec_total else None,
         "cases_all_right": sum(all(p["right"].values()) for p in per_case),

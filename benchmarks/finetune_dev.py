@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from routing_ablation import CachedEmbedder, registry_paths  # noqa: E402
 
+from nexus_cli.lab.bench_routing import with_interchangeable  # noqa: E402
 from nexus_cli.registry import load_example_requests, load_registries  # noqa: E402
-from nexus_cli.stages.bench_routing import with_interchangeable  # noqa: E402
-from nexus_cli.stages.index import EXAMPLES_PER_TOOL, build_index, load_index  # noqa: E402
-from nexus_cli.stages.route import Router, RouterConfig  # noqa: E402
+from nexus_cli.routing.build import EXAMPLES_PER_TOOL, build_index
+from nexus_cli.routing.index import load_index  # noqa: E402
+from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 
 def split_examples(tools, examples: dict[str, list[str]], seed: int) -> tuple[dict[str, list[str]], list[dict]]:

@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nexus_cli.arguments.pipeline import generate_arguments  # noqa: E402
+from nexus_cli.lab.stats import median_ci, speedup_ci  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.schema import compile_tool  # noqa: E402
-from nexus_cli.stages.arguments import generate_arguments  # noqa: E402
-from nexus_cli.stats import median_ci, speedup_ci  # noqa: E402
 
 
 class _Recording:

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nexus_cli.stats import median_ci  # noqa: E402
+from nexus_cli.lab.stats import median_ci  # noqa: E402
 
 NEXUS = str(Path(sys.executable).with_name("nexus"))
 

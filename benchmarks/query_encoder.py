@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nexus_cli.stats import median_ci  # noqa: E402
+from nexus_cli.lab.stats import median_ci  # noqa: E402
 
 NEXUS = str(Path(sys.executable).with_name("nexus"))
 ENCODERS = ("numpy", "torch")
@@ -58,7 +58,7 @@ def worker_run(index: str, queries: str, limit: int, encoder: str) -> list[dict]
 
 
 def worker(index: str, queries: list[str]) -> None:
-    from nexus_cli.stages.route import Router, RouterConfig
+    from nexus_cli.routing.router import Router, RouterConfig
 
     router = Router(index, RouterConfig(reranker="none"))
     for q in queries[:5]:

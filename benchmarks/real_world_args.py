@@ -4,7 +4,7 @@ LLM under each tool's grammar, every argument object validated against the ORIGI
     .venv/bin/python benchmarks/real_world_args.py [--tools N|all] [--seed S] [--model smollm2-135m] [--out FILE.json]
 
 Per tool (seeded sample, or all 955): compile_tool (signature + grammar, or a stated reason), one request from the
-registry-derived request templates (nexus_cli.stages.textgen.training_queries: tool words + plausible values for
+registry-derived request templates (nexus_cli.textgen.training_queries: tool words + plausible values for
 required parameters), generate_arguments, then nexus_cli.schema.validate_arguments on the result. Prints and writes
 the counts: tools, compiled, requests, valid argument objects, failures (with the tool, request, output, errors).
 tests/test_real_world.py runs the same loop on a 60-tool sample.
@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nexus_cli import textgen  # noqa: E402
 from nexus_cli.errors import NexusError  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.schema import compile_tool, validate_arguments  # noqa: E402
-from nexus_cli.stages import textgen  # noqa: E402
 
 REGISTRIES = ROOT.parent / "shared" / "registries"
 
@@ -39,7 +39,7 @@ def request_for(tool, rng: random.Random) -> str:
 def args_run(tools, model_name: str = "smollm2-135m", seed: int = 0, log=None, start: int = 0, stop: int | None = None,
              failures_file: Path | None = None) -> dict:
     from nexus_cli.adapters.llama import load_model
-    from nexus_cli.stages.arguments import generate_arguments
+    from nexus_cli.arguments.pipeline import generate_arguments
 
     rng = random.Random(seed)
     llm = load_model(model_name)

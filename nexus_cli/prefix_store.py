@@ -1,8 +1,8 @@
 """KV states of decoded prompt prefixes on disk, so that a one-shot process reuses what an earlier one decoded.
 
-Two users: the likelihood reranker keeps each candidate's prefix (`stages/rerank.LikelihoodReranker`), and argument
+Two users: the likelihood reranker keeps each candidate's prefix (`routing/rerank.LikelihoodReranker`), and argument
 generation keeps each tool's prompt prefix, the system prompt and the tool's signature block
-(`stages/arguments.ArgumentPrefixes`, in the `arguments/` subdirectory, with its own cap).
+(`arguments/pipeline.ArgumentPrefixes`, in the `arguments/` subdirectory, with its own cap).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .results import atomic_write_bytes
+from .files import atomic_write_bytes
 
 
 class PrefixStore:

@@ -146,7 +146,7 @@ def test_state_roundtrip_into_another_sequence(ctx, smol):
 def test_blob_reader_and_writer_match_llama_bytes(smol, flash_attn):
     """parse_state_blob / build_state_blob reproduce llama.cpp's own blob exactly, in both V layouts."""
     from nexus_cli.adapters.llama import LlamaContext
-    from nexus_cli.stages.splice import build_state_blob, parse_state_blob
+    from nexus_cli.splice.state import build_state_blob, parse_state_blob
 
     c = LlamaContext(smol, n_ctx=256, n_batch=64, n_seq_max=2, flash_attn=flash_attn)
     try:
@@ -195,8 +195,8 @@ def test_lazy_grammar_picks_the_same_tokens_as_the_grammar_in_the_chain(ctx, smo
     """Greedy decoding tests the unconstrained choice against the grammar and masks the whole vocabulary only when
     it is rejected; the tokens must be those of the reference (the grammar in the sampler chain, every candidate
     masked at every step), with and without a logit bias, also where the grammar rejects the model's choice."""
-    from nexus_cli.schema import compile_tool
     from nexus_cli.registry import Tool
+    from nexus_cli.schema import compile_tool
 
     spec = compile_tool(Tool("forge", "create_issue", "Open an issue.", {
         "type": "object", "required": ["owner", "repo", "title"], "properties": {

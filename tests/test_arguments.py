@@ -8,20 +8,19 @@ from pathlib import Path
 import pytest
 from gbnf_match import Grammar
 
-from nexus_cli.errors import SchemaError
-from nexus_cli.registry import Tool, load_registries
-from nexus_cli.schema import compile_tool, validate_arguments
-from nexus_cli.stages.arguments import (
+from nexus_cli.arguments.pipeline import (
     ArgumentPrefixes,
     build_messages,
     drop_unsupported,
     generate_arguments,
-    prune_history,
     supported,
-    surrogate,
     tool_block,
     tool_prefix_tokens,
 )
+from nexus_cli.arguments.prompt import prune_history, surrogate
+from nexus_cli.errors import SchemaError
+from nexus_cli.registry import Tool, load_registries
+from nexus_cli.schema import compile_tool, validate_arguments
 
 ROOT = Path(__file__).resolve().parent.parent
 FORGE = ROOT / "tool_registries" / "github_like.json"
@@ -42,7 +41,7 @@ def test_surrogates_keep_salient_values():
 
 
 def test_tool_digest_keeps_the_values_follow_ups_need():
-    from nexus_cli.stages.arguments import TOOL_RESULT_CHARS, tool_digest
+    from nexus_cli.arguments.prompt import TOOL_RESULT_CHARS, tool_digest
 
     small = {"total": 3, "objectIDs": [436535, 436528, 437329]}
     assert tool_digest(json.dumps(small, indent=2)) == '{"total": 3, "objectIDs": [436535, 436528, 437329]}'
@@ -93,7 +92,7 @@ def test_drop_unsupported_never_touches_required():
 
 
 def test_flags_and_abbreviated_members_backed_by_what_the_request_says():
-    from nexus_cli.stages.arguments import described, enum_supported
+    from nexus_cli.arguments.repairs import described, enum_supported
 
     spec = compile_tool(Tool("s", "pods_log", "", {"type": "object", "properties": {
         "name": {"type": "string"},
@@ -174,7 +173,7 @@ def test_llama_cpp_accepts_every_real_grammar(smollm):
 
 
 def test_stated_optional_keys_are_the_left_out_fields_the_request_names():
-    from nexus_cli.stages.arguments import stated_optional_keys
+    from nexus_cli.arguments.pipeline import stated_optional_keys
 
     schema = {"type": "object", "required": ["owner"], "properties": {
         "owner": {"type": "string"}, "state": {"type": "string", "enum": ["open", "closed", "all"]},
@@ -211,7 +210,8 @@ class _FixedAnswerContext:
 
 
 def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
-    from nexus_cli.stages.arguments import _longer_lists_pass, one_item_lists
+    from nexus_cli.arguments.pipeline import _longer_lists_pass
+    from nexus_cli.arguments.repairs import one_item_lists
 
     tool = Tool("charts", "radar", "Draw a radar chart.", {"type": "object", "required": ["data"], "properties": {
         "data": {"type": "array", "items": {"type": "object", "properties": {
@@ -224,7 +224,7 @@ def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
 
     def run(text):
         ctx = _FixedAnswerContext(text)
-        out = _longer_lists_pass(ctx, spec, first, [1, 2, 3], query, len(query), 64, 0, {})
+        out = _longer_lists_pass(ctx, spec, first, [1, 2, 3], query, len(query), 64, 0)
         assert len(ctx.calls) == 1 and ctx.calls[0]["start_pos"] == 2  # only the prompt's last token again
         forced = Grammar(ctx.calls[0]["grammar"])  # the second pass must write two data points or more
         assert not forced.accepts(json.dumps({"data": [{"name": "Python", "value": 85}]}))
@@ -245,7 +245,7 @@ def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
     # no second pass is run for it
     # (a required list is never dropped, so its pass runs whatever its item)
     ctx = _FixedAnswerContext(longer)
-    _longer_lists_pass(ctx, spec, {"data": [{"name": "Rust", "value": 99}]}, [1, 2, 3], query, len(query), 64, 0, {})
+    _longer_lists_pass(ctx, spec, {"data": [{"name": "Rust", "value": 99}]}, [1, 2, 3], query, len(query), 64, 0)
     assert len(ctx.calls) == 1
     optional = compile_tool(Tool("forge", "create_pull_request", "Open a pull request.", {
         "type": "object", "required": ["title"], "properties": {
@@ -253,32 +253,11 @@ def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
     pr = "open a pull request titled Add login page and ask ana and bo to review"
     ctx = _FixedAnswerContext('{"title": "Add login page", "reviewers": ["it", "bo"]}')
     assert _longer_lists_pass(ctx, optional, {"title": "Add login page", "reviewers": ["it"]}, [1, 2, 3], pr,
-                              len(pr), 64, 0, {}) == {} and ctx.calls == []
+                              len(pr), 64, 0) == {} and ctx.calls == []
     ctx = _FixedAnswerContext('{"title": "Add login page", "reviewers": ["ana", "bo"]}')
     out = _longer_lists_pass(ctx, optional, {"title": "Add login page", "reviewers": ["ana"]}, [1, 2, 3], pr,
-                             len(pr), 64, 0, {})
+                             len(pr), 64, 0)
     assert len(ctx.calls) == 1 and out["reviewers"] == ["ana", "bo"]
-
-
-def test_copy_bias_lifts_the_conversation_s_words_keys_and_json_punctuation(smollm):
-    """copy_bias: +bias on the request's tokens (also each word alone, after a space and in other case), the tool's
-    keys, true/false/null and every token without a letter; a word written nowhere gets nothing."""
-    from nexus_cli.stages.arguments import copy_bias
-
-    model = smollm.model
-    lift = copy_bias(model, "list data.gov tags about wildfire, hit enter", 2.0, keys=["pageSize"])
-    assert set(lift.values()) == {2.0}
-
-    def has(text):
-        return all(t in lift for t in model.tokenize(text, parse_special=False))
-
-    for text in ("wildfire", " wildfire", "Enter", "ENTER", '"pageSize"', "true", "false", "null", '"', '"}', ", ",
-                 "2024", "-"):
-        assert has(text), text
-    for text in ("fireworks", " Beijing", "Design"):
-        assert not has(text), text
-    assert any(model.is_eog(t) for t in lift)
-    assert copy_bias(model, "anything", 0.0) == {}
 
 
 @pytest.mark.slow
@@ -388,8 +367,8 @@ def test_answer_that_runs_out_of_tokens_is_retried_over_the_tight_grammar(smollm
 
 
 def test_numbers_are_clamped_onto_their_bounds():
+    from nexus_cli.arguments.repairs import clamp_numbers
     from nexus_cli.schema import normalize_schema
-    from nexus_cli.stages.arguments import clamp_numbers
 
     schema, _ = normalize_schema({"type": "object", "properties": {
         "percent": {"type": "number", "minimum": 0, "maximum": 1},
@@ -414,7 +393,7 @@ def test_string_bound_follows_the_context():
 
 
 def test_restore_path_prefixes_only_when_the_request_holds_that_path():
-    from nexus_cli.stages.arguments import restore_path_prefixes
+    from nexus_cli.arguments.repairs import restore_path_prefixes
 
     ctx = "stage posts/intro.md in /home/ana/code/blog, then diff ./build/out against ~/old/out"
     notes: list[str] = []
@@ -431,7 +410,7 @@ def test_restore_path_prefixes_only_when_the_request_holds_that_path():
 
 
 def test_restore_path_prefixes_gives_a_cut_path_its_leading_directories_back():
-    from nexus_cli.stages.arguments import restore_path_prefixes
+    from nexus_cli.arguments.repairs import restore_path_prefixes
 
     notes: list[str] = []
     # leading directories of a multi-segment path (Qwen2.5-0.5B wrote ledger/reconcile.go, c027 of args_cases_c)
@@ -451,7 +430,7 @@ def test_restore_path_prefixes_gives_a_cut_path_its_leading_directories_back():
 
 
 def test_split_repository_sets_the_repo_the_request_names():
-    from nexus_cli.stages.arguments import repository_refs, split_repository
+    from nexus_cli.arguments.repairs import repository_refs, split_repository
 
     assert repository_refs("PRs of github.com/Shopify/liquid and https://github.com/acme/api/pull/512, acme/web#3") == [
         ("Shopify", "liquid"), ("acme", "api"), ("acme", "web")]
@@ -479,7 +458,7 @@ def test_split_repository_sets_the_repo_the_request_names():
 
 
 def test_convert_units_only_when_the_field_states_a_unit_the_request_does_not_use():
-    from nexus_cli.stages.arguments import convert_units, field_unit
+    from nexus_cli.arguments.repairs import convert_units, field_unit
 
     assert field_unit("lookbackSeconds", {}) == ("time", 1)
     assert field_unit("timeout_ms", {}) == ("time", 0.001)
@@ -498,7 +477,7 @@ def test_convert_units_only_when_the_field_states_a_unit_the_request_does_not_us
 
 
 def test_named_enum_member_replaces_an_unnamed_choice():
-    from nexus_cli.stages.arguments import named_enum_members
+    from nexus_cli.arguments.repairs import named_enum_members
 
     schema = {"properties": {"champion": {"type": "string", "enum": ["ANNIE", "LEE_SIN", "AHRI"]},
                              "position": {"type": "string", "enum": ["TOP", "JUNGLE", "MID"]},
@@ -520,7 +499,7 @@ def test_named_enum_member_replaces_an_unnamed_choice():
 
 
 def test_post_processing_renames_an_unnamed_enum_member_before_dropping_it():
-    from nexus_cli.stages.arguments import post_process_arguments
+    from nexus_cli.arguments.pipeline import post_process_arguments
 
     spec = compile_tool(Tool(server="t", name="list_workflow_runs", description="", input_schema={
         "type": "object", "required": ["workflow_id"], "properties": {
@@ -535,7 +514,7 @@ def test_post_processing_renames_an_unnamed_enum_member_before_dropping_it():
 
 
 def test_numbers_backed_by_number_words_and_by_the_field_s_unit():
-    from nexus_cli.stages.arguments import unit_backed
+    from nexus_cli.arguments.repairs import unit_backed
 
     assert supported(2, "go two levels deep", "depth") and supported(12.0, "a twelve item list", "n")
     assert not supported(1, "open the top one", "page")  # "one" backs no number
@@ -552,7 +531,7 @@ def test_numbers_backed_by_number_words_and_by_the_field_s_unit():
 
 
 def test_strip_field_word_cuts_the_field_s_own_name_out_of_a_value():
-    from nexus_cli.stages.arguments import strip_field_word
+    from nexus_cli.arguments.repairs import strip_field_word
 
     schema = {"properties": {"project": {"type": "string"}, "namespace": {"type": "string"},
                              "project_name": {"type": "string"}, "query": {"type": "string"},
@@ -571,7 +550,7 @@ def test_strip_field_word_cuts_the_field_s_own_name_out_of_a_value():
 
 
 def test_enum_members_backed_by_a_stem_of_the_request():
-    from nexus_cli.stages.arguments import enum_supported
+    from nexus_cli.arguments.repairs import enum_supported
 
     spec = compile_tool(Tool(server="t", name="list_notifications", description="", input_schema={
         "type": "object", "properties": {
@@ -603,7 +582,7 @@ def test_members_of_optional_enum_arrays_and_inflected_members_are_backed():
 
 
 def test_restore_spacing_copies_the_requests_spacing():
-    from nexus_cli.stages.arguments import restore_spacing
+    from nexus_cli.arguments.repairs import restore_spacing
 
     ctx = 'save this: <svg width="64"><circle r="28" fill="#e63946"/></svg> please'
     schema = {"properties": {"svg": {"type": "string"}, "kind": {"enum": ["NewYork", "x"]}}}
@@ -620,7 +599,7 @@ def test_restore_spacing_copies_the_requests_spacing():
 
 
 def test_cut_swallowed_values_ends_a_copy_before_another_arguments_words():
-    from nexus_cli.stages.arguments import cut_swallowed_values
+    from nexus_cli.arguments.repairs import cut_swallowed_values
 
     q = "search the web for best hiking trails near Asheville - just 5 results, and put safesearch on strict pls"
     notes: list[str] = []
@@ -640,7 +619,7 @@ def test_cut_swallowed_values_ends_a_copy_before_another_arguments_words():
 
 
 def test_complete_ids_gives_a_cut_id_its_head_back():
-    from nexus_cli.stages.arguments import complete_ids
+    from nexus_cli.arguments.repairs import complete_ids
 
     ctx = "search knowledge base KB7QX2M4LP for the parental leave policy, top 5"
     notes: list[str] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -12,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ["compile", "index", "route", "splice", "bench", "sweep", "serve"]
-SUITES = {"bench": ["slb", "deep-splice", "routing", "args", "l0"], "sweep": ["dkl", "gate"]}
+SUBCOMMANDS = ["compile", "index", "route", "splice", "bench", "sweep", "serve", "results", "models"]
+SUITES = {"bench": ["slb", "deep-splice", "routing", "args", "l0"], "sweep": ["dkl", "gate"],
+          "results": ["all", "summary"], "models": ["fetch", "list"]}
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

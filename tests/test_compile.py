@@ -30,7 +30,7 @@ def run_cli(*args, timeout=300):
 
 
 def test_render_schema_is_canonical():
-    from nexus_cli.stages.compile import render_schema
+    from nexus_cli.splice.compile import render_schema
 
     a = Tool("srv", "t", "Does a thing.", {"type": "object", "properties": {"b": {"type": "string"}, "a": {}}})
     b = Tool("srv", "t", "Does a thing.", {"properties": {"a": {}, "b": {"type": "string"}}, "type": "object"})
@@ -43,7 +43,7 @@ def test_render_schema_is_canonical():
 
 
 def test_block_filenames_are_sanitized():
-    from nexus_cli.stages.compile import block_filename
+    from nexus_cli.splice.compile import block_filename
 
     assert block_filename("github", "create_issue") == "github__create_issue.atb"
     assert block_filename("my server/v2", "a b:c") == "my_server_v2__a_b_c.atb"
@@ -51,7 +51,7 @@ def test_block_filenames_are_sanitized():
 
 
 def test_tool_key_depends_on_text_model_and_settings():
-    from nexus_cli.stages.compile import compile_settings, tool_key
+    from nexus_cli.splice.compile import compile_settings, tool_key
 
     s_off, s_on = compile_settings(False), compile_settings(True)
     k = tool_key("x", "f" * 32, s_off)
@@ -62,7 +62,7 @@ def test_tool_key_depends_on_text_model_and_settings():
 def test_compile_writes_blocks_and_manifest(tmp_path):
     from nexus_cli.adapters.llama import load_model
     from nexus_cli.atb import open_block
-    from nexus_cli.stages.compile import prefix_tokens, render_schema
+    from nexus_cli.splice.compile import prefix_tokens, render_schema
 
     out = tmp_path / "blocks"
     proc = run_cli("compile", str(SMALL), "--model", "smollm2-135m", "--out", str(out), "--json")
@@ -100,7 +100,7 @@ def test_compile_writes_blocks_and_manifest(tmp_path):
 
 
 def test_compile_is_incremental(tmp_path):
-    from nexus_cli.stages.compile import compile_registries
+    from nexus_cli.splice.compile import compile_registries
 
     reg = tmp_path / "reg.json"
     data = json.loads(SMALL.read_text())

@@ -26,12 +26,12 @@ TURNS = 25
 def engine(tmp_path_factory):
     from nexus_cli.adapters.embedder import Embedder
     from nexus_cli.registry import load_registries
-    from nexus_cli.stages import index as index_stage
-    from nexus_cli.stages.session import Engine, EngineConfig
+    from nexus_cli.routing.build import build_index
+    from nexus_cli.serving.session import Engine, EngineConfig
 
     out = tmp_path_factory.mktemp("conc-idx") / "forge"
     emb = Embedder("minilm")
-    index_stage.build_index(load_registries([FORGE]), out, embedder=emb, sources=[str(FORGE)])
+    build_index(load_registries([FORGE]), out, embedder=emb, sources=[str(FORGE)])
     eng = Engine(out, EngineConfig(model="smollm2-135m", with_args=False, n_ctx=4096, reranker="none",
                                       deterministic=True), embedder=emb)
     yield eng

@@ -131,7 +131,7 @@ def test_sigkill_compile_keeps_previous_blocks(tmp_path):
 # ---------------------------------------------------------------- index
 
 def _check_index(out: Path) -> int:
-    from nexus_cli.stages.index import load_index
+    from nexus_cli.routing.index import load_index
 
     idx = load_index(out)
     n = len(idx.tools)

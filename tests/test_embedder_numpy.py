@@ -16,8 +16,8 @@ from nexus_cli.adapters.embedder import Embedder, NumpyBertEncoder, numpy_unsupp
 from nexus_cli.errors import ModelError
 from nexus_cli.models import resolve_model
 from nexus_cli.registry import load_registries
-from nexus_cli.stages import index as index_stage
-from nexus_cli.stages.route import Router, RouterConfig
+from nexus_cli.routing.build import build_index
+from nexus_cli.routing.router import Router, RouterConfig
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = REPO / "tool_registries" / "github_like.json"
@@ -119,7 +119,7 @@ def test_numpy_encoder_refuses_models_it_does_not_implement(minilm_path, tmp_pat
 @pytest.fixture(scope="module")
 def forge_index(tmp_path_factory, reference):
     out = tmp_path_factory.mktemp("numpy-route") / "forge"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=reference)
+    build_index(load_registries([FORGE]), out, embedder=reference)
     return out
 
 
@@ -142,7 +142,7 @@ def test_router_embeds_requests_in_numpy_with_the_same_decisions(forge_index, re
 def test_one_shot_route_does_not_import_torch(forge_index):
     """The point of the NumPy encoder: a `nexus route` process never imports torch or sentence-transformers."""
     code = ("import json, sys\n"
-            "from nexus_cli.stages.route import Router, RouterConfig\n"
+            "from nexus_cli.routing.router import Router, RouterConfig\n"
             f"r = Router({str(forge_index)!r}, RouterConfig(reranker='none'))\n"
             "res = r.route('merge PR 12 in acme/api', with_args=False)\n"
             "print(json.dumps({'tool': res.tool, 'heavy': sorted(m for m in ('torch', 'transformers', "

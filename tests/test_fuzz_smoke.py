@@ -5,7 +5,6 @@ toolchain (clang++ with libFuzzer, or atheris) is absent: `make -C fuzz toolchai
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

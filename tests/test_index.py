@@ -11,10 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nexus_cli import textgen
 from nexus_cli.errors import FormatError, NexusError
 from nexus_cli.registry import load_registries
-from nexus_cli.stages import index as index_stage
-from nexus_cli.stages import textgen
+from nexus_cli.routing import build as routing_build
+from nexus_cli.routing.build import EXAMPLES_PER_TOOL, adversarial_pairs, build_index, match_examples, tool_texts
+from nexus_cli.routing.index import load_index
+from nexus_cli.routing.scoring import dense_tool_scores
+from nexus_cli.routing.slb import read_slb, write_slb
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = REPO / "tool_registries" / "github_like.json"
@@ -41,7 +45,7 @@ def forge_tools():
 @pytest.fixture(scope="session")
 def forge_index(tmp_path_factory, embedder, forge_tools):
     out = tmp_path_factory.mktemp("idx") / "forge"
-    rep = index_stage.build_index(forge_tools, out, embedder=embedder, sources=[str(FORGE)])
+    rep = build_index(forge_tools, out, embedder=embedder, sources=[str(FORGE)])
     return out, rep
 
 
@@ -76,8 +80,8 @@ def test_slb_roundtrip_and_corruption(tmp_path):
     q, s = kernels.quantize_i8(x)
     owners = np.array([0, 0, 1, 2, 2, 2, 3])
     p = tmp_path / "slb.bin"
-    index_stage.write_slb(p, ["a", "bé"], [0, 1, 1, 0], ["t0", "t1", "outil_2", "t3"], owners, s, q)
-    slb = index_stage.read_slb(p)
+    write_slb(p, ["a", "bé"], [0, 1, 1, 0], ["t0", "t1", "outil_2", "t3"], owners, s, q)
+    slb = read_slb(p)
     assert slb.servers == ["a", "bé"] and slb.names == ["t0", "t1", "outil_2", "t3"]
     assert list(slb.tool_server) == [0, 1, 1, 0]
     assert np.array_equal(slb.vectors, q) and np.array_equal(slb.scales, s) and np.array_equal(slb.owners, owners)
@@ -85,20 +89,20 @@ def test_slb_roundtrip_and_corruption(tmp_path):
     data[-1] ^= 0x55
     p.write_bytes(bytes(data))
     with pytest.raises(FormatError, match="checksum"):
-        index_stage.read_slb(p)
+        read_slb(p)
     p.write_bytes(bytes(data[:-5]))
     with pytest.raises(FormatError):
-        index_stage.read_slb(p)
+        read_slb(p)
     p.write_bytes(b"not an slb file at all" * 8)
     with pytest.raises(FormatError, match="magic"):
-        index_stage.read_slb(p)
+        read_slb(p)
 
 
 def test_dense_scores_match_float_cosine(forge_index, embedder):
     out, _ = forge_index
-    idx = index_stage.load_index(out)
+    idx = load_index(out)
     q = embedder.encode_one("merge the pull request")
-    dense, _ = index_stage.dense_tool_scores(idx.slb, q)
+    dense, _ = dense_tool_scores(idx.slb, q)
     # reference: dequantized vectors, max per tool
     deq = idx.slb.vectors.astype(np.float32) * idx.slb.scales[:, None]
     ref = np.full(idx.slb.n_tools, -np.inf)
@@ -125,7 +129,7 @@ def test_build_index_contents(forge_index, forge_tools):
     pr = next(t for t in tools if t["name"] == "create_pull_request")
     assert pr["signature"].startswith("create_pull_request(") and "owner" in pr["signature"]
     assert pr["grammar"] and "root" in pr["grammar"]
-    idx = index_stage.load_index(out)
+    idx = load_index(out)
     assert idx.slb.n_tools == 24 and idx.bm25 is not None
     # no temporary directories left behind
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
@@ -135,31 +139,31 @@ def test_adversarial_pairs_are_nearest_neighbours():
     v = np.eye(4, dtype=np.float32)
     v[1] = [0.8, 0.6, 0, 0]
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    pairs = index_stage.adversarial_pairs(v)
+    pairs = adversarial_pairs(v)
     assert pairs == [(0, 1)]  # the near-duplicates; the orthogonal tools' "nearest" neighbours are not adversarial
-    assert (0, 1) in index_stage.adversarial_pairs(v, closer_fraction=1.0)
-    assert len(index_stage.adversarial_pairs(v, closer_fraction=1.0)) > 1
+    assert (0, 1) in adversarial_pairs(v, closer_fraction=1.0)
+    assert len(adversarial_pairs(v, closer_fraction=1.0)) > 1
 
 
 def test_adversarial_pairs_leave_out_exact_duplicates():
     # tools 0 and 1 are the same text (two server generations); 2 and 3 are near-duplicates that a reranker can split
     v = np.array([[1, 0, 0, 0], [1, 0.001, 0, 0], [0, 0, 1, 0], [0, 0, 0.8, 0.6], [0, 1, 0, 0]], dtype=np.float32)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    assert index_stage.adversarial_pairs(v) == [(2, 3)]
-    assert index_stage.adversarial_pairs(v, duplicate_cosine=1.01) == [(0, 1), (2, 3)]
+    assert adversarial_pairs(v) == [(2, 3)]
+    assert adversarial_pairs(v, duplicate_cosine=1.01) == [(0, 1), (2, 3)]
 
 
 def test_rebuild_is_atomic_on_failure(tmp_path, embedder, forge_tools, monkeypatch):
     out = tmp_path / "idx"
-    index_stage.build_index(forge_tools[:6], out, embedder=embedder)
+    build_index(forge_tools[:6], out, embedder=embedder)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(index_stage, "write_slb", boom)
+    monkeypatch.setattr(routing_build, "write_slb", boom)  # the name the build calls
     with pytest.raises(RuntimeError):
-        index_stage.build_index(forge_tools, out, embedder=embedder)
+        build_index(forge_tools, out, embedder=embedder)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert before == after  # the old index is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # temp dir cleaned up
@@ -170,7 +174,7 @@ def test_refuses_to_replace_a_foreign_directory(tmp_path, embedder, forge_tools)
     out.mkdir()
     (out / "thesis.tex").write_text("do not delete")
     with pytest.raises(NexusError, match="not a Nexus index"):
-        index_stage.build_index(forge_tools[:3], out, embedder=embedder)
+        build_index(forge_tools[:3], out, embedder=embedder)
     assert (out / "thesis.tex").read_text() == "do not delete"
 
 
@@ -180,7 +184,7 @@ def test_bad_schema_is_recorded_not_fatal(tmp_path, embedder):
         {"name": "fine_tool", "description": "Reads a file from disk", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}},
         {"name": "weird_tool", "description": "Has a schema that is a string", "inputSchema": {"type": "string"}},
     ]}))
-    rep = index_stage.build_index(load_registries([reg]), tmp_path / "i", embedder=embedder)
+    rep = build_index(load_registries([reg]), tmp_path / "i", embedder=embedder)
     assert "odd/weird_tool" in rep.problems
     tools = json.loads((tmp_path / "i" / "tools.json").read_text())
     assert tools[1]["ok"] is False and tools[1]["problems"]
@@ -188,10 +192,10 @@ def test_bad_schema_is_recorded_not_fatal(tmp_path, embedder):
 
 def test_load_index_errors(tmp_path):
     with pytest.raises(FormatError, match="does not exist"):
-        index_stage.load_index(tmp_path / "nope")
+        load_index(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FormatError, match="not a Nexus index"):
-        index_stage.load_index(tmp_path / "empty")
+        load_index(tmp_path / "empty")
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -220,7 +224,7 @@ def test_cli_index_bad_registry(tmp_path):
 
 
 def test_mask_values_replaces_literal_values_by_their_kind():
-    from nexus_cli.stages.textgen import mask_values
+    from nexus_cli.textgen import mask_values
 
     assert mask_values("open a PR in acme/api from feature/x titled 'Fix login'") == \
         "open a PR in repository from repository titled text"
@@ -234,7 +238,7 @@ def test_mask_values_replaces_literal_values_by_their_kind():
 
 
 def test_request_texts_add_the_masked_form_only_when_it_differs():
-    from nexus_cli.stages.index import request_texts
+    from nexus_cli.routing.build import request_texts
 
     assert request_texts("list my repositories", True) == ["list my repositories"]
     assert request_texts("star acme/api", True) == ["star acme/api", "star repository"]
@@ -324,49 +328,49 @@ def test_load_example_requests_parses_dedupes_and_refuses_bad_lines(tmp_path):
 
 
 def test_example_requests_become_vectors_of_their_tool(tmp_path, embedder, forge_tools):
-    cap = index_stage.EXAMPLES_PER_TOOL
+    cap = EXAMPLES_PER_TOOL
     many = [f"ship pull request number {i} once CI is green" for i in range(cap)]
     many += ["what is a good recipe for potato salad", "translate this poem into Latin"]
     examples = {"forge/merge_pull_request": many, "forge/list_issues": ["which bugs are still open in acme/api"],
                 "elsewhere/tool": ["not in this registry"]}
     out = tmp_path / "ex-idx"
-    rep = index_stage.build_index(forge_tools, out, embedder=embedder, examples=examples)
-    base = sum(len(index_stage.tool_texts(t, "multi")) for t in forge_tools)
+    rep = build_index(forge_tools, out, embedder=embedder, examples=examples)
+    base = sum(len(tool_texts(t, "multi")) for t in forge_tools)
     assert rep.n_vectors == base + cap + 1  # capped per tool; the unknown tool's request is not used
     assert rep.examples["n_requests"] == cap + 1 and rep.examples["n_tools_with"] == 2
     assert rep.examples["unmatched_sample"] == ["elsewhere/tool"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["recipe"]["examples"] == rep.examples
-    idx = index_stage.load_index(out)
+    idx = load_index(out)
     names = [t.name for t in forge_tools]
     merge = names.index("merge_pull_request")
     # the extra vectors belong to their tool and come after its own texts (main vector still first)
     owned = np.flatnonzero(idx.slb.owners == merge)
-    assert len(owned) == len(index_stage.tool_texts(forge_tools[merge], "multi")) + cap
+    assert len(owned) == len(tool_texts(forge_tools[merge], "multi")) + cap
     assert np.all(np.diff(owned) == 1)
     # a request that is one of the examples now meets its own vector: cosine ~1 for that tool
-    dense, _ = index_stage.dense_tool_scores(idx.slb, embedder.encode_one(many[1]))
+    dense, _ = dense_tool_scores(idx.slb, embedder.encode_one(many[1]))
     assert int(np.argmax(dense)) == merge and dense[merge] > 0.98
-    dense, _ = index_stage.dense_tool_scores(idx.slb, embedder.encode_one(many[-1]))  # beyond the cap: not stored
+    dense, _ = dense_tool_scores(idx.slb, embedder.encode_one(many[-1]))  # beyond the cap: not stored
     assert dense[merge] < 0.9
 
 
 def test_example_requests_join_their_tools_bm25_document(tmp_path, embedder, forge_tools):
     """The words of a tool's examples (value-masked, capped like the vectors) are BM25 words of that tool."""
-    cap = index_stage.EXAMPLES_PER_TOOL
+    cap = EXAMPLES_PER_TOOL
     own = ["land the kumquat branch into main in acme/zebrafish"] + [f"merge number {i}" for i in range(cap - 1)]
     examples = {"forge/merge_pull_request": own + ["beyond the cap: rutabaga"]}
     out = tmp_path / "lex-idx"
-    index_stage.build_index(forge_tools, out, embedder=embedder, examples=examples)
-    idx = index_stage.load_index(out)
+    build_index(forge_tools, out, embedder=embedder, examples=examples)
+    idx = load_index(out)
     merge = [t.name for t in forge_tools].index("merge_pull_request")
     kumquat = idx.bm25.scores(textgen.lex_tokens("kumquat"))
     assert int(np.argmax(kumquat)) == merge and np.count_nonzero(kumquat) == 1
     assert not idx.bm25.scores(textgen.lex_tokens("rutabaga")).any()  # beyond the cap
     assert not idx.bm25.scores(textgen.lex_tokens("zebrafish")).any()  # a value: masked out of the document
     plain = tmp_path / "plain-idx"
-    index_stage.build_index(forge_tools, plain, embedder=embedder)
-    assert not index_stage.load_index(plain).bm25.scores(textgen.lex_tokens("kumquat")).any()
+    build_index(forge_tools, plain, embedder=embedder)
+    assert not load_index(plain).bm25.scores(textgen.lex_tokens("kumquat")).any()
 
 
 def test_cli_index_bad_examples_file(tmp_path):
@@ -381,11 +385,11 @@ def test_cli_index_bad_examples_file(tmp_path):
 def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools, monkeypatch):
     import nexus_cli.adapters.embedder as embedder_module
     from nexus_cli.adapters.embedder import Embedder
-    from nexus_cli.stages import rerank
+    from nexus_cli.routing import finetune
 
     examples = {"forge/merge_pull_request": ["ship PR 7 once it is green", "squash it into main"],
                 "forge/list_issues": ["which bugs are still open in acme/api"]}
-    per_tool, _ = index_stage.match_examples(forge_tools, examples)
+    per_tool, _ = match_examples(forge_tools, examples)
     seen, bases = [], []
     train = embedder_module.finetune_biencoder
 
@@ -394,21 +398,21 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
         bases.append(str(base))
         return train(base, triples, out, **kw)
 
-    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=8)
+    monkeypatch.setattr(finetune, "finetune_biencoder", spy)  # the name the fine-tuning calls
+    info = finetune.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, batch_size=8)
     assert "example" in info["data"] and info["n_triples"] == 3
     # 3 requests against their tool's text + 2 against the other request of their tool (the example-positives
     # default), in batches of 8: one step an epoch
-    assert info["example_positives"] is rerank.FINETUNE_EXAMPLE_POSITIVES is True and info["n_items"] == 5
-    assert info["epochs"] == rerank.FINETUNE_EPOCHS == info["train"]["steps"]
+    assert info["example_positives"] is finetune.FINETUNE_EXAMPLE_POSITIVES is True and info["n_items"] == 5
+    assert info["epochs"] == finetune.FINETUNE_EPOCHS == info["train"]["steps"]
     # the second round (the default) starts from the first round's model, which also mined its negatives, and
     # replaces it in the folder; no round-2 folder is left behind
-    assert rerank.FINETUNE_ROUNDS == 2 and info["rounds"] == 2
+    assert finetune.FINETUNE_ROUNDS == 2 and info["rounds"] == 2
     second = info["second_round"]
-    assert second["epochs"] == rerank.FINETUNE_SECOND_ROUND_EPOCHS == second["train"]["steps"]
+    assert second["epochs"] == finetune.FINETUNE_SECOND_ROUND_EPOCHS == second["train"]["steps"]
     assert bases == [str(embedder.path), str(tmp_path / "ft")] and second["n_items"] == 5
     assert not (tmp_path / "ft.round2").exists()
-    docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
+    docs = {t.name: textgen.doc_text(t) for t in forge_tools}
     gold = {"ship PR 7 once it is green": "merge_pull_request", "squash it into main": "merge_pull_request",
             "which bugs are still open in acme/api": "list_issues"}
     assert sorted(q for q, _, _ in seen[:3]) == sorted(gold)
@@ -428,36 +432,36 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
 
     # the folder records how it was trained, so an index built later with it as `--embedder` knows that its
     # embedder was fine-tuned on example requests, and the router's `auto` reranker stays off there
-    from nexus_cli.stages.route import Router, RouterConfig
+    from nexus_cli.routing.router import Router, RouterConfig
 
-    assert json.loads((tmp_path / "ft" / rerank.FINETUNE_RECORD).read_text())["on_examples"] is True
+    assert json.loads((tmp_path / "ft" / finetune.FINETUNE_RECORD).read_text())["on_examples"] is True
     out = tmp_path / "tuned-index"
-    index_stage.build_index(forge_tools, out, embedder=tuned, embedder_name=str(tmp_path / "ft"))
-    assert index_stage.load_index(out).manifest["embedder"]["examples_finetuned"] is True
+    build_index(forge_tools, out, embedder=tuned, embedder_name=str(tmp_path / "ft"))
+    assert load_index(out).manifest["embedder"]["examples_finetuned"] is True
     assert Router(out, RouterConfig(), embedder=tuned).reranker_name == "none"
     stock = tmp_path / "stock-index"
-    index_stage.build_index(forge_tools, stock, embedder=embedder)
-    assert index_stage.load_index(stock).manifest["embedder"]["examples_finetuned"] is False
+    build_index(forge_tools, stock, embedder=embedder)
+    assert load_index(stock).manifest["embedder"]["examples_finetuned"] is False
     assert Router(stock, RouterConfig(model="smollm2-135m"), embedder=embedder).reranker_name == "likelihood"
 
 
 def test_finetune_mines_several_negatives_and_example_positives(tmp_path, embedder, forge_tools, monkeypatch):
     import nexus_cli.adapters.embedder as embedder_module
-    from nexus_cli.stages import rerank
+    from nexus_cli.routing import finetune
 
     examples = {"forge/merge_pull_request": ["ship PR 7 once it is green", "squash it into main"],
                 "forge/list_issues": ["which bugs are still open in acme/api"]}
-    per_tool, _ = index_stage.match_examples(forge_tools, examples)
+    per_tool, _ = match_examples(forge_tools, examples)
     seen = {}
 
     def spy(base, items, out, labels=None, **kw):  # record what the trainer gets instead of training
         seen.update(items=list(items), labels=list(labels))
         return {"steps": 0}
 
-    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, n_hard=3, rounds=1,
+    monkeypatch.setattr(finetune, "finetune_biencoder", spy)  # the name the fine-tuning calls
+    info = finetune.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, n_hard=3, rounds=1,
                                     example_positives=True)
-    docs = {t.name: index_stage.doc_text_for(t) for t in forge_tools}
+    docs = {t.name: textgen.doc_text(t) for t in forge_tools}
     cls = {d: k for k, d in enumerate(dict.fromkeys(docs.values()))}
     # 3 requests with the tool text as positive, and 2 more (the merge tool has two requests) whose positive is
     # the tool's other request; the list tool's lone request has no other request to pair with
@@ -470,20 +474,20 @@ def test_finetune_mines_several_negatives_and_example_positives(tmp_path, embedd
     assert [(q, pos) for q, pos, _ in items[3:]] == [("ship PR 7 once it is green", "squash it into main"),
                                                       ("squash it into main", "ship PR 7 once it is green")]
     with pytest.raises(NexusError, match="n_hard must be at least 1"):
-        rerank.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, n_hard=0)
+        finetune.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, n_hard=0)
     with pytest.raises(NexusError, match="rounds must be 1 or 2"):
-        rerank.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, rounds=3)
+        finetune.finetune_embedder(forge_tools, embedder, tmp_path / "bad", examples=per_tool, rounds=3)
     # registry-derived requests (no examples) keep one item per request: pairing was measured on examples only
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft2", n_queries=2, example_positives=True)
+    info = finetune.finetune_embedder(forge_tools, embedder, tmp_path / "ft2", n_queries=2, example_positives=True)
     assert info["example_positives"] is False and info["n_items"] == info["n_triples"] == len(seen["items"])
 
 
 def test_finetune_skips_the_second_round_when_the_first_spent_the_budget(tmp_path, embedder, forge_tools,
                                                                           monkeypatch):
     import nexus_cli.adapters.embedder as embedder_module
-    from nexus_cli.stages import rerank
+    from nexus_cli.routing import finetune
 
-    per_tool, _ = index_stage.match_examples(forge_tools, {"forge/list_issues": ["which bugs are open", "open bugs?"]})
+    per_tool, _ = match_examples(forge_tools, {"forge/list_issues": ["which bugs are open", "open bugs?"]})
     starts = []
 
     def spy(base, items, out, **kw):  # stands in for a first round that used the whole budget
@@ -491,11 +495,11 @@ def test_finetune_skips_the_second_round_when_the_first_spent_the_budget(tmp_pat
         starts.append(str(base))
         return {"steps": 0}
 
-    monkeypatch.setattr(embedder_module, "finetune_biencoder", spy)
-    info = rerank.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, time_budget_s=0.0)
+    monkeypatch.setattr(finetune, "finetune_biencoder", spy)  # the name the fine-tuning calls
+    info = finetune.finetune_embedder(forge_tools, embedder, tmp_path / "ft", examples=per_tool, time_budget_s=0.0)
     assert starts == [str(embedder.path)] and info["rounds"] == 1
     assert info["second_round"]["skipped"].startswith("the time budget of 0 s was spent")
-    assert json.loads((tmp_path / "ft" / rerank.FINETUNE_RECORD).read_text())["second_round"] == info["second_round"]
+    assert json.loads((tmp_path / "ft" / finetune.FINETUNE_RECORD).read_text())["second_round"] == info["second_round"]
 
 
 def test_same_answer_mask_leaves_out_other_texts_of_the_query_s_class():
@@ -542,7 +546,7 @@ def test_cli_index_can_leave_out_example_positives(tmp_path):
     p = run_cli("index", str(FORGE), "--examples", str(examples), "--finetune", "--finetune-epochs", "1",
                 "--no-finetune-example-positives", "--out", str(out), "--json")
     assert p.returncode == 0, p.stderr
-    record = index_stage.load_index(out).manifest["embedder"]["finetuned"]
+    record = load_index(out).manifest["embedder"]["finetuned"]
     assert record["example_positives"] is False and record["n_items"] == record["n_triples"] == 4
     # the second round ran (the default) and was trained the same way
     assert record["rounds"] == 2 and record["second_round"]["example_positives"] is False

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nexus_cli.errors import ModelError, UsageError
-from nexus_cli.stages.l0_arena import L0Arena
+from nexus_cli.serving.arena import L0Arena
 
 SYSTEM = {"role": "system", "content": "You are an agent. Tools: create_issue(owner: string, repo: string, title: string), "
                                        "list_pulls(owner: string, repo: string)."}
@@ -126,7 +126,7 @@ def test_errors(model):
 
 
 def test_state_arena_reuses_only_the_owner_state_and_is_order_independent(model):
-    from nexus_cli.stages.l0_arena import StateArena
+    from nexus_cli.serving.arena import StateArena
 
     a1 = _chat(model, "open an issue in acme/api titled crash")
     b1 = _chat(model, "list the pulls of octo/widgets please")

@@ -31,10 +31,10 @@ pytestmark = pytest.mark.slow
 def index_dir(tmp_path_factory):
     from nexus_cli.adapters.embedder import Embedder
     from nexus_cli.registry import load_registries
-    from nexus_cli.stages import index as index_stage
+    from nexus_cli.routing.build import build_index
 
     out = tmp_path_factory.mktemp("load-idx") / "index"
-    index_stage.build_index(load_registries([REGISTRY]), out, embedder=Embedder("minilm"), sources=[str(REGISTRY)])
+    build_index(load_registries([REGISTRY]), out, embedder=Embedder("minilm"), sources=[str(REGISTRY)])
     return out
 
 
@@ -71,8 +71,8 @@ def _rss_kb(pid: int) -> int:
 
 
 def _requests(seed: int, n: int) -> list[str]:
+    from nexus_cli import textgen
     from nexus_cli.registry import load_registries
-    from nexus_cli.stages import textgen
 
     rng = random.Random(seed)
     tools = load_registries([REGISTRY])

@@ -1,5 +1,5 @@
 """Live MCP over stdio: a tiny server written with the MCP Python SDK (tests/data/mcp_tiny_server.py), listed through
-nexus_cli.mcp_client.list_tools; clear one-line errors for a missing command, a crashing server and a silent one.
+nexus_cli.serving.mcp_client.list_tools; clear one-line errors for a missing command, a crashing server and a silent one.
 
 The documented real-world example is `nexus ... --mcp "npx -y @modelcontextprotocol/server-filesystem /tmp"`; it needs
 the npm registry, so the suite uses the local server instead."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nexus_cli.errors import NexusError
-from nexus_cli.mcp_client import list_tools
 from nexus_cli.schema import compile_tool
+from nexus_cli.serving.mcp_client import list_tools
 
 DATA = Path(__file__).resolve().parent / "data"
 PY = shlex.quote(sys.executable)

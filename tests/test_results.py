@@ -1,13 +1,12 @@
 """The results writer: required fields, atomic files, latest.json, PNG figures, no hostname."""
 
 import json
-import os
 import socket
 
 import numpy as np
 import pytest
 
-from nexus_cli import results, stats
+from nexus_cli.lab import results, stats
 
 
 def _doc(tmp_path, figure=None):
@@ -52,13 +51,13 @@ def test_files_written_atomically(tmp_path):
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     target = tmp_path / "x.json"
-    results.atomic_write_json(target, {"a": 1})
+    results.write_json_doc(target, {"a": 1})
 
     class Bad:
         pass
 
     with pytest.raises(TypeError):
-        results.atomic_write_json(target, {"a": Bad()})
+        results.write_json_doc(target, {"a": Bad()})
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 

@@ -1,11 +1,23 @@
 """results_all: argument handling (no suite is run here)."""
 
-from nexus_cli.stages import results_all
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nexus_cli.errors import UsageError
+from nexus_cli.lab import results_all
+
+REPO = Path(__file__).resolve().parent.parent
 
 
-def test_unknown_suite_is_a_usage_error(capsys):
-    assert results_all.main(["--only", "nope"]) == 2
-    assert "unknown suite" in capsys.readouterr().err
+def test_unknown_suite_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="unknown suite"):
+        results_all.run_all(only=["nope"], out=tmp_path)
+    p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "results", "all", "--skip", "nope", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "unknown suite(s) nope" in p.stderr and not list(tmp_path.iterdir())
 
 
 def test_order_covers_every_suite():
@@ -13,7 +25,7 @@ def test_order_covers_every_suite():
 
 
 def test_summary_of_an_empty_tree(tmp_path):
-    from nexus_cli.stages import results_summary
+    from nexus_cli.lab import summary as results_summary
 
     text = results_summary.render(tmp_path)
     assert text.startswith("# Latest results")
@@ -23,7 +35,7 @@ def test_summary_of_an_empty_tree(tmp_path):
 def test_readme_block_is_replaced_between_its_markers():
     import pytest
 
-    from nexus_cli.stages import results_summary as rs
+    from nexus_cli.lab import summary as rs
 
     readme = f"# Nexus\n\nintro\n\n{rs.README_BEGIN}\nold table\n{rs.README_END}\n\n## Layout\n"
     out = rs.with_tables(readme, "# Latest results\n\n### Deep splice\n\n| a |\n")

@@ -13,8 +13,9 @@ import pytest
 
 from nexus_cli.errors import NexusError
 from nexus_cli.registry import load_registries
-from nexus_cli.stages import index as index_stage
-from nexus_cli.stages.route import Router, RouterConfig
+from nexus_cli.routing.build import build_index
+from nexus_cli.routing.index import load_index
+from nexus_cli.routing.router import Router, RouterConfig
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = REPO / "tool_registries" / "github_like.json"
@@ -36,7 +37,7 @@ def embedder():
 @pytest.fixture(scope="module")
 def forge_dir(tmp_path_factory, embedder):
     out = tmp_path_factory.mktemp("route") / "forge"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=embedder)
+    build_index(load_registries([FORGE]), out, embedder=embedder)
     return out
 
 
@@ -76,7 +77,7 @@ def test_result_shape_and_candidates(router):
 
 
 def test_gate_follows_tau(forge_dir, embedder):
-    idx = index_stage.load_index(forge_dir)
+    idx = load_index(forge_dir)
     r = Router(idx, RouterConfig(reranker="none"), embedder=embedder)
     q = "show me pull request 42"
     base = r.route(q, with_args=False)
@@ -105,7 +106,7 @@ def test_escalation_uses_the_reranker(forge_dir, embedder):
 
 
 def test_value_masking_averages_the_request_with_its_masked_form(forge_dir, embedder):
-    idx = index_stage.load_index(forge_dir)
+    idx = load_index(forge_dir)
     assert idx.value_masking and idx.manifest["gate"]["value_masking"]
     on = Router(idx, RouterConfig(reranker="none"), embedder=embedder)
     off = Router(idx, RouterConfig(reranker="none", value_masking=False), embedder=embedder)
@@ -131,7 +132,7 @@ def test_lexical_fusion_changes_scores(forge_dir, embedder):
 
 
 def test_history_informs_routing_of_follow_ups(forge_dir, embedder):
-    from nexus_cli.stages.route import routing_context
+    from nexus_cli.routing.router import routing_context
 
     # "do it once more" alone says nothing about what "it" is (it routes elsewhere); the previous turn names a run
     history = [{"role": "user", "content": "the nightly workflow run 991 in acme/api failed"},
@@ -156,26 +157,8 @@ def test_empty_query_is_an_error(router):
         router.route("   ", with_args=False)
 
 
-@pytest.mark.slow
-def test_cross_encoder_trains_from_the_registry_and_reranks(tmp_path, embedder):
-    """`nexus index --train-reranker` on the forge registry: a short listwise training of the MiniLM cross-encoder
-    (registry-derived requests, SLB confusions as negatives) that lowers its loss, is saved, and reranks."""
-    out = tmp_path / "forge-ce"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=embedder, train_reranker=True,
-                            reranker_options={"time_budget_s": 60.0, "n_queries": 2, "epochs": 2})
-    log = json.loads((out / "manifest.json").read_text())["reranker"]
-    assert log["kind"] == "cross-encoder" and (out / "reranker" / "config.json").is_file()
-    assert log["train"]["steps"] >= 3 and log["train"]["loss_last"] < log["train"]["loss_first"], log
-    r = Router(out, RouterConfig(reranker="auto"), embedder=embedder)
-    assert r.reranker_name == "cross"
-    res = r.route("merge pull request 57 in acme/api", with_args=False, rerank=True)
-    assert res.reranker == "cross" and res.tool in {c.tool for c in res.candidates}
-    judged = [c.rerank_score for c in res.candidates if c.rerank_score is not None]
-    assert len(set(judged)) > 1  # the cross-encoder's own scores, not ties
-
-
-def test_missing_trained_reranker_is_a_clear_error(forge_dir, embedder):
-    with pytest.raises(NexusError, match="no trained reranker"):
+def test_unknown_reranker_is_a_clear_error(forge_dir, embedder):
+    with pytest.raises(NexusError, match="unknown reranker 'cross'"):
         Router(forge_dir, RouterConfig(reranker="cross"), embedder=embedder)
 
 
@@ -231,9 +214,9 @@ def test_cli_route_errors(forge_dir, tmp_path):
 def test_llm_reranker_is_constrained_to_the_candidates(forge_dir):
     """The trie-constrained LLM choice (real SmolLM2) always lands on one of the candidates, deterministically."""
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel
-    from nexus_cli.stages.rerank import LLMReranker
+    from nexus_cli.routing.rerank import LLMReranker
 
-    idx = index_stage.load_index(forge_dir)
+    idx = load_index(forge_dir)
     by_name = {t.name: t for t in idx.tools}
     cands = [by_name[n] for n in ("list_issues", "merge_pull_request", "create_branch", "get_user")]
     ctx = LlamaContext(LlamaModel("smollm2-135m"), n_ctx=1024)
@@ -246,7 +229,7 @@ def test_llm_reranker_is_constrained_to_the_candidates(forge_dir):
 
 
 def test_rrf_fuse_ranks_by_both_lists():
-    from nexus_cli.stages.rerank import rrf_fuse
+    from nexus_cli.routing.rerank import rrf_fuse
 
     fused = rrf_fuse([0.9, 0.8, 0.1], [-5.0, -1.0, -0.5], k=1)
     assert fused == pytest.approx([1 / 2 + 1 / 4, 1 / 3 + 1 / 3, 1 / 4 + 1 / 2])
@@ -262,9 +245,9 @@ def test_likelihood_reranker_scores_requests_under_each_tool(forge_dir):
     """Query likelihood with the real SmolLM2: the cached prefix state gives the same score as a fresh decode of the
     whole text, and a request in a tool's own terms is most probable under that tool."""
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel, log_softmax
-    from nexus_cli.stages.rerank import LikelihoodReranker
+    from nexus_cli.routing.rerank import LikelihoodReranker
 
-    idx = index_stage.load_index(forge_dir)
+    idx = load_index(forge_dir)
     by_name = {t.name: t for t in idx.tools}
     cands = [by_name[n] for n in ("merge_pull_request", "list_issues", "create_branch", "get_user")]
     ctx = LlamaContext(LlamaModel("smollm2-135m"), n_ctx=1024)
@@ -323,9 +306,10 @@ def test_likelihood_prefixes_kept_on_disk_give_the_same_scores_in_a_new_process(
     decoded for them again) and scores exactly as the one that decoded them; a damaged or refused entry is a miss,
     removed and rewritten; the directory keeps to its size cap."""
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel
-    from nexus_cli.stages.rerank import LikelihoodReranker, PrefixStore
+    from nexus_cli.prefix_store import PrefixStore
+    from nexus_cli.routing.rerank import LikelihoodReranker
 
-    idx = index_stage.load_index(forge_dir)
+    idx = load_index(forge_dir)
     by_name = {t.name: t for t in idx.tools}
     cands = [by_name[n] for n in ("merge_pull_request", "list_issues", "create_branch", "get_user")]
     query = "merge pull request 12 in acme/api"
@@ -393,12 +377,12 @@ def test_likelihood_reranker_reads_a_tools_example_requests(tmp_path, embedder):
     from dataclasses import replace
 
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel
-    from nexus_cli.stages.rerank import LikelihoodReranker
+    from nexus_cli.routing.rerank import LikelihoodReranker
 
     examples = {"forge/merge_pull_request": ["squash 'fix login' into main once checks pass", "ship PR 7"]}
     out = tmp_path / "forge-ex"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=embedder, examples=examples)
-    idx = index_stage.load_index(out)
+    build_index(load_registries([FORGE]), out, embedder=embedder, examples=examples)
+    idx = load_index(out)
     by_name = {t.name: t for t in idx.tools}
     merge = by_name["merge_pull_request"]
     assert merge.examples == examples["forge/merge_pull_request"] and by_name["list_issues"].examples == []
@@ -451,7 +435,7 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
     mirror = tmp_path / "mirror.json"
     mirror.write_text(json.dumps({"server": "forge-mirror", "tools": [twin]}))
     out = tmp_path / "idx"
-    rep = index_stage.build_index(load_registries([FORGE, mirror]), out, embedder=embedder)
+    rep = build_index(load_registries([FORGE, mirror]), out, embedder=embedder)
     assert rep.interchangeable == [["forge/create_pull_request", "forge-mirror/create_pull_request"]]
     r = Router(out, RouterConfig(reranker="none", top_k=5), embedder=embedder)
     res = r.route("open a pull request from feature/login into main", with_args=False)

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from gbnf_match import Grammar
 
 from nexus_cli.errors import SchemaError
 from nexus_cli.registry import Tool, load_registries
@@ -19,8 +20,6 @@ from nexus_cli.schema import (
     signature,
     validate_arguments,
 )
-
-from gbnf_match import Grammar
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRIES = ROOT.parent / "shared" / "registries"
@@ -512,7 +511,8 @@ def test_string_patterns_are_enforced_by_the_grammar():
 
 
 def test_parameters_documented_in_the_tool_description_describe_bare_properties():
-    from nexus_cli.schema import compile_tool as compile_one, docstring_parameters
+    from nexus_cli.schema import compile_tool as compile_one
+    from nexus_cli.schema import docstring_parameters
 
     desc = """Find schools near a point.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from nexus_cli.stages import serve as serve_stage
+from nexus_cli.serving import server as serve_stage
 
 REPO = Path(__file__).resolve().parent.parent
 FORGE = REPO / "tool_registries" / "github_like.json"
@@ -22,10 +22,10 @@ FORGE = REPO / "tool_registries" / "github_like.json"
 def forge_index(tmp_path_factory):
     from nexus_cli.adapters.embedder import Embedder
     from nexus_cli.registry import load_registries
-    from nexus_cli.stages import index as index_stage
+    from nexus_cli.routing.build import build_index
 
     out = tmp_path_factory.mktemp("serve-idx") / "forge"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=Embedder("minilm"), sources=[str(FORGE)])
+    build_index(load_registries([FORGE]), out, embedder=Embedder("minilm"), sources=[str(FORGE)])
     return out
 
 

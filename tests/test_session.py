@@ -27,10 +27,10 @@ def nexus(*args, timeout=600):
 def forge_index(tmp_path_factory):
     from nexus_cli.adapters.embedder import Embedder
     from nexus_cli.registry import load_registries
-    from nexus_cli.stages import index as index_stage
+    from nexus_cli.routing.build import build_index
 
     out = tmp_path_factory.mktemp("session-idx") / "forge"
-    index_stage.build_index(load_registries([FORGE]), out, embedder=Embedder("minilm"), sources=[str(FORGE)])
+    build_index(load_registries([FORGE]), out, embedder=Embedder("minilm"), sources=[str(FORGE)])
     return out
 
 
@@ -109,7 +109,7 @@ def test_corrupt_sessions_are_refused_with_one_line(forge_index, tmp_path):
 
 
 def test_session_api_save_load_round_trip(forge_index, tmp_path):
-    from nexus_cli.stages.session import Engine, EngineConfig, Session
+    from nexus_cli.serving.session import Engine, EngineConfig, Session
 
     eng = Engine(forge_index, EngineConfig(model="smollm2-135m", n_ctx=4096, max_tokens=48), registry=[str(FORGE)])
     try:
@@ -131,8 +131,8 @@ def test_deep_splice_in_an_anchored_sidecar(forge_index, tmp_path):
     """The chosen tool's .atb block is spliced at its compile anchor in a sidecar sequence that starts at position 0:
     nothing is recomputed, and the next token is the one a plain prefill of the same text gives."""
     from nexus_cli.adapters.llama import LlamaContext
-    from nexus_cli.stages.compile import compile_registries, prefix_tokens
-    from nexus_cli.stages.session import Engine, EngineConfig
+    from nexus_cli.serving.session import Engine, EngineConfig
+    from nexus_cli.splice.compile import compile_registries, prefix_tokens
 
     one = tmp_path / "forge.json"
     full = json.loads(FORGE.read_text())
@@ -148,8 +148,8 @@ def test_deep_splice_in_an_anchored_sidecar(forge_index, tmp_path):
         model = eng.model()
         assert sp["n_past"] == len(prefix_tokens(model)) and sp["recomputed_tokens"] == 0
         assert eng.context().seq_pos_max(eng.sidecar_seq) == -1  # the sidecar is dropped after the turn
-        from nexus_cli.stages.splice import open_checked_block
-        from nexus_cli.stages.compile import block_filename
+        from nexus_cli.splice.compile import block_filename
+        from nexus_cli.splice.engine import open_checked_block
 
         block = open_checked_block(tmp_path / "blocks" / block_filename("forge", "close_issue"))
         q = model.tokenize(f"<|im_start|>user\n{query}<|im_end|>\n<|im_start|>assistant\n", add_special=False)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 def _compile(out: Path, model: str, flash_attn: bool) -> Path:
     """Compile the one tool these tests splice (notes/delete_note) into `out`."""
-    from nexus_cli.stages.compile import compile_registries
+    from nexus_cli.splice.compile import compile_registries
 
     data = json.loads(SMALL.read_text())
     data["tools"] = [t for t in data["tools"] if t["name"] == "delete_note"]
@@ -55,7 +55,7 @@ def _open(path: Path):
 
 
 def _history(ctx, depth: int) -> int:
-    from nexus_cli.stages.splice import history_tokens
+    from nexus_cli.splice.fidelity import history_tokens
 
     hist = history_tokens(ctx.model, depth)
     ctx.clear()
@@ -68,7 +68,7 @@ def _history(ctx, depth: int) -> int:
 
 def test_recompute_tokens_and_schedule():
     from nexus_cli import kernels
-    from nexus_cli.stages.splice import Schedule, parse_recompute, recompute_tokens
+    from nexus_cli.splice.engine import Schedule, parse_recompute, recompute_tokens
 
     assert recompute_tokens(200, 5.0) == 10 and recompute_tokens(201, 5.0) == 11 and recompute_tokens(92, 0.0) == 0
     assert recompute_tokens(92, 100.0) == 92 and recompute_tokens(7, 1.0) == 1
@@ -92,7 +92,8 @@ def test_recompute_tokens_and_schedule():
 def test_anchored_splice_is_bit_identical(blocks):
     """Depth 0, R = 0, flash attention off: the splice's logits equal, bit for bit, a text prefill split the same
     way (schema in one decode, query in the next), so KL = 0."""
-    from nexus_cli.stages.splice import SpliceEngine, kl_top1, prefill_path, query_tokens, splice_path
+    from nexus_cli.splice.engine import SpliceEngine
+    from nexus_cli.splice.fidelity import kl_top1, prefill_path, query_tokens, splice_path
 
     ctx = _ctx("smollm2-135m", False)
     try:
@@ -111,7 +112,7 @@ def test_anchored_splice_is_bit_identical(blocks):
 
 
 def _full_recompute(model: str, block_dir: Path, flash_attn: bool, depth: int):
-    from nexus_cli.stages.splice import run_fidelity
+    from nexus_cli.splice.fidelity import run_fidelity
 
     ctx = _ctx(model, flash_attn)
     try:
@@ -143,7 +144,7 @@ def test_full_recompute_is_at_the_floor_qwen(tmp_path, flash_attn):
 def test_bare_off_anchor_splice_has_a_finite_plausible_kl(blocks, flash_attn):
     """R = 0 away from the anchor is not exact (RoPE phase drift of the cached keys' context): report the KL,
     require it finite and in a plausible band (well below a broken cache's several nats)."""
-    from nexus_cli.stages.splice import run_fidelity
+    from nexus_cli.splice.fidelity import run_fidelity
 
     ctx = _ctx("smollm2-135m", flash_attn)
     try:
@@ -189,7 +190,7 @@ def test_native_rotation_matches_llama_position_shift(model):
     """Rotate a block's K rows with the native kernel and let llama.cpp shift the same cells with
     llama_memory_seq_add (its K-shift, applied at the next decode): the rows agree to F16 rounding."""
     from nexus_cli import kernels
-    from nexus_cli.stages.compile import extract_cells, prefix_tokens
+    from nexus_cli.splice.compile import extract_cells, prefix_tokens
 
     delta = 300
     ctx = _ctx(model, False, n_ctx=1024)
@@ -234,8 +235,8 @@ def test_native_rotation_matches_llama_position_shift(model):
 def test_native_blob_matches_llama_blob(blocks, flash_attn):
     """At the anchor (no rotation) the native blob equals, byte for byte, the blob our NumPy writer builds from the
     cells llama.cpp itself serialized for the same prefix + schema."""
-    from nexus_cli.stages.compile import extract_cells, prefix_tokens
-    from nexus_cli.stages.splice import build_state_blob
+    from nexus_cli.splice.compile import extract_cells, prefix_tokens
+    from nexus_cli.splice.state import build_state_blob
 
     blk = _open(blocks[flash_attn] / TOOL)
     h = blk.header
@@ -255,7 +256,7 @@ def test_native_blob_matches_llama_blob(blocks, flash_attn):
 
 def test_engine_refuses_a_cursor_that_is_not_the_end(blocks):
     from nexus_cli.errors import ModelError
-    from nexus_cli.stages.splice import SpliceEngine
+    from nexus_cli.splice.engine import SpliceEngine
 
     ctx = _ctx("smollm2-135m", False)
     try:

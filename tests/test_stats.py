@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from nexus_cli import stats
+from nexus_cli.lab import stats
 
 
 def test_wilson_hand_computed():
@@ -92,12 +92,15 @@ def test_spearman_matches_scipy():
 
 
 def test_kl_divergence():
+    """The KL every fidelity figure uses (adapters.llama.kl_divergence), against its closed form."""
+    from nexus_cli.adapters.llama import kl_divergence
+
     p = np.log(np.array([0.5, 0.5]))
     q = np.log(np.array([0.25, 0.75]))
     expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
-    assert stats.kl_divergence(p, q) == pytest.approx(expected)
-    assert stats.kl_divergence(p + 7.0, q - 3.0) == pytest.approx(expected)  # shift-invariant in logits
-    assert stats.kl_divergence(q, q) == 0.0
+    assert kl_divergence(p, q) == pytest.approx(expected)
+    assert kl_divergence(p + 7.0, q - 3.0) == pytest.approx(expected)  # shift-invariant in logits
+    assert kl_divergence(q, q) == 0.0
 
 
 def test_percentile():

@@ -123,3 +123,4 @@ def test_args_smoke(tmp_path):
     if s["routing"]["value"] > 0:
         fa = s["first_arg"]
         assert fa["steady"]["speedup"]["value"] > 0 and 0 < fa["token_saving_turn"] < 1
+

@@ -20,7 +20,9 @@ from typing import Sequence
 
 import numpy as np  # light (~0.1 s); the NumPy request encoder uses it on every request. torch stays lazy
 
+from ..config import DEFAULT_EMBEDDER
 from ..errors import ModelError
+from ..models import resolve_model
 
 DEFAULT_THREADS = int(os.environ.get("NEXUS_THREADS", "2") or 2)
 # Precision of query embeddings (requests, probes): "auto" runs them in bfloat16 where the CPU has native bf16 matmul
@@ -66,10 +68,8 @@ def set_threads(n: int | None = None) -> None:
 class Embedder:
     """A bi-encoder: `encode(texts) -> float32[n, dim]`, unit-norm rows."""
 
-    def __init__(self, name_or_path: str = "minilm", threads: int | None = None, device: str = "cpu",
+    def __init__(self, name_or_path: str = DEFAULT_EMBEDDER, threads: int | None = None, device: str = "cpu",
                  query_precision: str | None = None):
-        from ..models import resolve_model
-
         path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
         self.path = Path(path)
         if not self.path.is_dir():
@@ -343,11 +343,9 @@ def numpy_unsupported_reason(path: Path) -> str | None:
     return None
 
 
-def query_embedder(name_or_path: str | Path = "minilm", threads: int | None = None, encoder: str | None = None):
+def query_embedder(name_or_path: str | Path = DEFAULT_EMBEDDER, threads: int | None = None, encoder: str | None = None):
     """What embeds requests at route time: a NumpyBertEncoder where the model allows it (no torch import), else the
     sentence-transformers Embedder. encoder (or $NEXUS_QUERY_ENCODER): auto, numpy or torch."""
-    from ..models import resolve_model
-
     choice = (encoder or QUERY_ENCODER).strip().lower()
     if choice not in ("auto", "numpy", "torch"):
         raise ModelError(f"query encoder must be auto, numpy or torch, not {choice!r} (NEXUS_QUERY_ENCODER)")
@@ -386,133 +384,7 @@ def _resolve_precision(precision: str, device: str) -> str:
     return "bfloat16" if native else "float32"
 
 
-def load_cross_encoder(path: str | Path, threads: int | None = None):
-    """A sentence-transformers CrossEncoder saved at `path` (trained locally by stages/rerank.py)."""
-    _offline_env()
-    try:
-        set_threads(threads)
-        from sentence_transformers import CrossEncoder
-
-        return CrossEncoder(str(path), device="cpu")
-    except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot load the reranker from {path}: {type(e).__name__}: {e}") from None
-
-
-def cross_encoder_from_base(base: str | Path, max_length: int = 128, threads: int | None = None):
-    """A fresh 1-label CrossEncoder initialised from a bi-encoder's transformer weights (MiniLM)."""
-    _offline_env()
-    set_threads(threads)
-    from sentence_transformers import CrossEncoder
-
-    return CrossEncoder(str(base), num_labels=1, max_length=max_length, device="cpu")
-
-
-def sentence_transformer_from_path(path: str | Path, threads: int | None = None):
-    """A raw SentenceTransformer (for fine-tuning at index time)."""
-    _offline_env()
-    set_threads(threads)
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(path), device="cpu")
-
-
 # ================================================================================================ training (index time)
-
-
-class PairScorer:
-    """A cross-encoder (transformers sequence classification, 1 logit) for (query, tool text) pairs."""
-
-    def __init__(self, path: str | Path, max_length: int = 128, threads: int | None = None, fresh_head: bool = False):
-        _offline_env()
-        set_threads(threads)
-        import logging
-
-        import transformers
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        transformers.logging.set_verbosity_error()
-        _quiet_transformers()
-        logging.getLogger("transformers").setLevel(logging.ERROR)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-            self.model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1)
-        except Exception as e:  # noqa: BLE001
-            raise ModelError(f"cannot load the cross-encoder from {path}: {type(e).__name__}: {e}") from None
-        self.model.eval()
-        self.max_length = max_length
-
-    def score(self, queries: Sequence[str], docs: Sequence[str]):
-        import torch
-
-        with torch.inference_mode():
-            enc = self.tokenizer(list(queries), list(docs), padding=True, truncation="only_second",
-                                 max_length=self.max_length, return_tensors="pt")
-            return self.model(**enc).logits[:, 0].float().numpy().astype(np.float64)
-
-    def train_listwise(self, groups: Sequence[tuple[str, Sequence[str]]], epochs: int = 1, batch_queries: int = 4,
-                       lr: float = 4e-5, seed: int = 0, time_budget_s: float | None = None, callback=None) -> dict:
-        """Each group is (query, [positive doc, negative docs...]); softmax cross-entropy over the group's logits
-        (the positive is index 0). Returns a small training log."""
-        import random
-        import time
-
-        import torch
-
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
-        order = list(range(len(groups)))
-        steps_planned = epochs * ((len(order) + batch_queries - 1) // batch_queries)
-        # the schedule's length: the planned steps, or what the time budget affords once the first steps are timed
-        # (a run stopped by the budget must still have decayed its learning rate)
-        horizon = [steps_planned]
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / max(1, horizon[0] // 10)) * max(0.0, 1 - s / max(1, horizon[0])))
-        self.model.train()
-        t0 = time.perf_counter()
-        step, losses, stopped = 0, [], False
-        for _ in range(epochs):
-            rng.shuffle(order)
-            for b0 in range(0, len(order), batch_queries):
-                batch = [groups[i] for i in order[b0 : b0 + batch_queries]]
-                qs = [q for q, docs in batch for _ in docs]
-                ds = [d for _, docs in batch for d in docs]
-                enc = self.tokenizer(qs, ds, padding=True, truncation="only_second", max_length=self.max_length,
-                                     return_tensors="pt")
-                logits = self.model(**enc).logits[:, 0]
-                loss = 0.0
-                pos = 0
-                for _, docs in batch:
-                    g = logits[pos : pos + len(docs)]
-                    loss = loss + torch.nn.functional.cross_entropy(g.unsqueeze(0), torch.zeros(1, dtype=torch.long))
-                    pos += len(docs)
-                loss = loss / len(batch)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                opt.zero_grad()
-                losses.append(loss.item())
-                step += 1
-                if step == 3 and time_budget_s is not None:
-                    per_step = (time.perf_counter() - t0) / step
-                    horizon[0] = max(step + 1, min(steps_planned, int(time_budget_s / per_step)))
-                if callback is not None:
-                    callback(step, horizon[0])
-                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-                    stopped = True
-                    break
-            if stopped:
-                break
-        self.model.eval()
-        return {"steps": step, "steps_planned": steps_planned, "schedule_steps": horizon[0],
-                "seconds": round(time.perf_counter() - t0, 1),
-                "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
-                "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped}
-
-    def save(self, path: str | Path) -> None:
-        self.model.save_pretrained(str(path), safe_serialization=True)
-        self.tokenizer.save_pretrained(str(path))
 
 
 def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path,
@@ -619,49 +491,3 @@ def _as_text_list(negatives) -> list[str]:
     if isinstance(negatives, str):
         return [negatives] if negatives else []
     return [n for n in negatives if n]
-
-
-def train_linear_adapter(queries, vectors, owners, targets, n_tools: int, steps: int = 300, lr: float = 2e-3,
-                         scale: float = 20.0, l2: float = 1.0, seed: int = 0, threads: int | None = None) -> tuple:
-    """A query-side linear adapter W (dim×dim, initialised to the identity) so that normalize(W q) ranks the right tool
-    first: softmax cross-entropy over every tool's max-sim score (tool score = max over its vectors), plus
-    l2·||W − I||² to stay close to the base space. Full-batch Adam on frozen embeddings: seconds on a CPU.
-
-    queries [n, d] float32 (unit norm), vectors [m, d] float32, owners [m] tool of each vector, targets [n] tool index.
-    Returns (W float32 [d, d], log dict)."""
-    import torch
-
-    set_threads(threads)
-    torch.manual_seed(seed)
-    Q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
-    V = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
-    own = torch.from_numpy(np.asarray(owners, dtype=np.int64))
-    y = torch.from_numpy(np.asarray(targets, dtype=np.int64))
-    d = Q.shape[1]
-    eye = torch.eye(d)
-    W = torch.nn.Parameter(eye.clone())
-    opt = torch.optim.Adam([W], lr=lr)
-    idx = own.unsqueeze(0).expand(Q.shape[0], -1)
-    losses = []
-
-    def tool_logits(Wm):
-        q = torch.nn.functional.normalize(Q @ Wm.T, dim=-1)
-        s = q @ V.T
-        out = torch.full((Q.shape[0], n_tools), -1e4)
-        return out.scatter_reduce(1, idx, s, reduce="amax", include_self=True)
-
-    with torch.no_grad():
-        acc0 = float((tool_logits(eye).argmax(1) == y).float().mean())
-    for _ in range(steps):
-        logits = tool_logits(W) * scale
-        loss = torch.nn.functional.cross_entropy(logits, y) + l2 * ((W - eye) ** 2).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    with torch.no_grad():
-        acc1 = float((tool_logits(W).argmax(1) == y).float().mean())
-    Wn = W.detach().numpy().astype(np.float32)
-    return Wn, {"steps": steps, "lr": lr, "scale": scale, "l2": l2, "loss_first": round(losses[0], 4),
-                "loss_last": round(losses[-1], 4), "train_top1_before": round(acc0, 4), "train_top1_after": round(acc1, 4),
-                "n_queries": int(Q.shape[0])}

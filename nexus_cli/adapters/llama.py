@@ -19,7 +19,6 @@ llama.cpp's own log lines are silenced with a no-op `llama_log_set` callback; se
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import math
 import os
@@ -31,7 +30,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..config import models_dir
 from ..errors import ModelError, SchemaError
+from ..files import atomic_write_json, sha256_file
+from ..models import canonical_name, resolve_model
 
 ROPE_NORM = 0  # llama.cpp LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i], x[2i+1])
 ROPE_NEOX = 2  # llama.cpp LLAMA_ROPE_TYPE_NEOX: half-split pairs (x[i], x[i + n_rot/2])
@@ -143,8 +145,6 @@ class ModelIdentity:
 
 
 def _fingerprint_cache_path() -> Path:
-    from ..config import models_dir
-
     return models_dir() / ".fingerprints.json"
 
 
@@ -161,22 +161,12 @@ def file_sha256(path: Path) -> str:
             return saved[key]
     except (OSError, ValueError):
         saved = {}
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 22)
-            if not b:
-                break
-            h.update(b)
-    digest = h.hexdigest()
+    digest = sha256_file(path)
     if not isinstance(saved, dict):
         saved = {}
     saved[key] = digest
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
-        os.replace(tmp, cache)
+        atomic_write_json(cache, dict(sorted(saved.items())))
     except OSError:
         pass  # a read-only cache only costs a re-hash next time
     return digest
@@ -213,8 +203,6 @@ class LlamaModel:
     """One GGUF model, loaded on the CPU with mmap. `LlamaModel("smollm2-135m")` or a path to a .gguf file."""
 
     def __init__(self, name_or_path: str | os.PathLike):
-        from ..models import canonical_name, resolve_model
-
         L = _lib()
         path = resolve_model(str(name_or_path))
         self.path = Path(path)
@@ -868,8 +856,6 @@ _MODEL_CACHE: dict[str, LlamaModel] = {}
 
 def load_model(name_or_path: str) -> LlamaModel:
     """A process-wide cached LlamaModel (weights are mmap'ed once however many contexts use them)."""
-    from ..models import canonical_name
-
     key = canonical_name(str(name_or_path)) or str(Path(name_or_path).expanduser().resolve())
     m = _MODEL_CACHE.get(key)
     if m is None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from ..errors import UsageError
+from ..output import progress as make_progress
+
 
 @contextmanager
 def stage_progress(label: str, enabled: bool = True):
-    from ..output import progress as make_progress
-    from ..stages._bench_common import Progress
+    from ..lab.common import Progress  # lazy: `nexus --help` stays fast
 
     if not enabled:
         yield Progress()
@@ -26,8 +28,6 @@ def stage_progress(label: str, enabled: bool = True):
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
-    from ..errors import UsageError
-
     try:
         vals = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:

@@ -1,4 +1,4 @@
-"""nexus bench: the benchmark suites. Each suite's command lives in its own module; its logic in stages/."""
+"""nexus bench: the benchmark suites. Each suite's command lives in its own module; its logic in lab/."""
 
 import typer
 

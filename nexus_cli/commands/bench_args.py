@@ -6,35 +6,32 @@ from typing import Optional
 
 import typer
 
+from . import options
 from ._progress import stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_pct, fmt_speedup
 
 
 def command(
     cases: Optional[str] = typer.Option(None, "--cases", help="Cases JSONL (default benchmarks/queries/args_cases.jsonl)."),
-    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM name or GGUF path."),
-    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or folder."),
-    trials: int = typer.Option(3, "--trials", min=1, help="Latency repetitions per case and path."),
+    registry_dir: Optional[str] = options.registry_dir(),
+    model: Optional[str] = options.model(),
+    embedder: Optional[str] = options.embedder(),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Latency repetitions per case and path (default 3; --quick: 1)."),
     max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),
-    reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s), if not cached."),
-    reranker: str = typer.Option("likelihood", "--reranker", help="likelihood (the product default: LLM query likelihood on escalation, docs/routing.md), none, or cross (trained once on the pool, cached)."),
+    reranker: str = typer.Option("likelihood", "--reranker", help="likelihood (the product default: LLM query likelihood on escalation, docs/routing.md) or none."),
     pool: str = typer.Option("all", "--pool", help="Registry to route over: all, core, or cases (only the cases' gold tools)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: first 6 cases, 1 trial."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/args/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    seed: int = options.seed(),
+    quick: bool = options.quick("CI smoke run: first 6 cases, 1 trial."),
+    out: str = options.results_out("args"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..stages import bench_args as stage
+    from ..lab import bench_args as stage  # lazy: `nexus --help` stays fast
 
-    if quick:
-        max_cases = max_cases or stage.QUICK["max_cases"]
-        trials = stage.QUICK["trials"] if trials == 3 else trials
-        reranker_budget = stage.QUICK["reranker_budget"] if reranker_budget == 300.0 else reranker_budget
+    s = options.settings(dict(model=model, embedder=embedder, trials=trials, max_cases=max_cases), stage.DEFAULTS,
+                         quick, stage.QUICK)
     with stage_progress("args") as prog:
-        doc = stage.run(cases=cases, registry_dir=registry_dir, model=model, embedder=embedder, trials=trials,
-                        max_cases=max_cases, reranker_budget=reranker_budget, reranker=reranker, pool=pool, seed=seed, out_dir=out, quick=quick,
-                        progress=prog)
+        doc = stage.run(cases=cases, registry_dir=registry_dir, reranker=reranker, pool=pool, seed=seed, out_dir=out,
+                        quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 

@@ -6,33 +6,30 @@ from typing import List, Optional
 
 import typer
 
+from . import options
 from ._progress import parse_int_list, stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_kl, fmt_speedup
 
 
 def command(
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM name or GGUF path."),
+    model: Optional[str] = options.model(),
     k: Optional[List[float]] = typer.Option(None, "--K", help="Recompute curve K of eq. (2); repeat for several. Default 4 and 16."),
-    depths: str = typer.Option("256,512,1024,2048", "--depths", help="History depths (tokens after the compile prefix)."),
-    trials: int = typer.Option(15, "--trials", min=1, help="Timed trials per cell (one warm-up round is added)."),
-    tool: str = typer.Option("github/create_pull_request", "--tool", help="The schema to splice (server/name)."),
-    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Row-major V cache (on) or transposed (off)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap and of the K order."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: SmolLM2, depth 256, 3 trials (unless given)."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/deep-splice/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    depths: Optional[str] = typer.Option(None, "--depths", help="History depths (tokens after the compile prefix; default 256,512,1024,2048)."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Timed trials per cell (default 15; one warm-up round is added)."),
+    tool: str = options.tool(),
+    registry_dir: Optional[str] = options.registry_dir(),
+    flash_attn: bool = options.flash_attn(),
+    seed: int = options.seed("Seed of the bootstrap and of the K order."),
+    quick: bool = options.quick("CI smoke run: SmolLM2, depth 256, 3 trials (unless given)."),
+    out: str = options.results_out("deep-splice"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..stages import bench_deep_splice as stage
+    from ..lab import bench_deep_splice as stage  # lazy: `nexus --help` stays fast
 
-    depth_list = parse_int_list(depths, "--depths")
-    if quick:
-        q = stage.QUICK
-        model = q["model"] if model == "qwen2.5-0.5b" else model
-        depth_list = q["depths"] if depths == "256,512,1024,2048" else depth_list
-        trials = q["trials"] if trials == 15 else trials
+    s = options.settings(dict(model=model, depths=parse_int_list(depths, "--depths") if depths else None,
+                              trials=trials), stage.DEFAULTS, quick, stage.QUICK)
     with stage_progress("deep-splice") as prog:
-        doc = stage.run(model=model, ks=k or None, depths=depth_list, trials=trials, tool=tool,
+        doc = stage.run(model=s["model"], ks=k or None, depths=s["depths"], trials=s["trials"], tool=tool,
                         registry_dir=registry_dir, flash_attn=flash_attn, seed=seed, out_dir=out, quick=quick,
                         progress=prog)
     finish(doc, as_json, render)

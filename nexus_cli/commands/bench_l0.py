@@ -6,6 +6,9 @@ from typing import Optional
 
 import typer
 
+from ..config import TEST_LLM
+from ..errors import UsageError
+from . import options
 from ._progress import stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_num, fmt_pct
 
@@ -13,15 +16,14 @@ from ._report import env_line, finish, fmt_ci, fmt_num, fmt_pct
 def command(
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Workload seeds (default 10; --quick: 2)."),
     turns: Optional[int] = typer.Option(None, "--turns", help="Turns per seed (default 60; --quick: 20)."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="LLM whose context holds the arena."),
+    model: Optional[str] = options.model("LLM whose context holds the arena (default smollm2-135m)."),
     slots: int = typer.Option(32, "--slots", help="Sequence slots in the arena."),
     n_ctx: int = typer.Option(8192, "--n-ctx", help="KV cells of the shared context."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: 2 seeds x 20 turns."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/l0/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    quick: bool = options.quick("CI smoke run: 2 seeds x 20 turns."),
+    out: str = options.results_out("l0"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..errors import UsageError
-    from ..stages import bench_l0 as stage
+    from ..lab import bench_l0 as stage  # lazy: `nexus --help` stays fast
 
     if seeds is not None and seeds < 1:
         raise UsageError("--seeds must be at least 1")
@@ -32,7 +34,7 @@ def command(
     if n_ctx < 512:
         raise UsageError("--n-ctx must be at least 512")
     with stage_progress("l0") as prog:
-        doc = stage.run(out_dir=out, quick=quick, seeds=seeds, turns=turns, model=model, slots=slots, n_ctx=n_ctx,
+        doc = stage.run(out_dir=out, quick=quick, seeds=seeds, turns=turns, model=model or TEST_LLM, slots=slots, n_ctx=n_ctx,
                         progress=prog)
     finish(doc, as_json, render)
 

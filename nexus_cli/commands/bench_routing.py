@@ -6,40 +6,36 @@ from typing import Optional
 
 import typer
 
+from . import options
 from ._progress import stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_pct
 
 
 def command(
-    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
-    sizes: str = typer.Option("10,50,100,250,ALL", "--sizes", help="Registry sizes (integers and ALL)."),
+    registry_dir: Optional[str] = options.registry_dir(),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="Registry sizes (integers and ALL; default 10,50,100,250,ALL)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Queries JSONL (default benchmarks/queries/routing.jsonl)."),
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM of the concatenate-all oracle and of the likelihood / llm rerankers."),
-    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name or folder."),
+    model: Optional[str] = options.model("LLM of the concatenate-all oracle and of the likelihood / llm rerankers (default qwen2.5-0.5b)."),
+    embedder: Optional[str] = options.embedder(),
     examples: Optional[str] = typer.Option(None, "--examples", help="Example requests JSONL given to every index (nexus index --examples), e.g. tool_registries/examples/shared_registries.jsonl."),
     oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Run the concatenate-all-schemas oracle where it fits."),
     oracle_ctx: int = typer.Option(8192, "--oracle-ctx", help="Context of the oracle (tokens); larger prompts overflow."),
     oracle_max_queries: int = typer.Option(100, "--oracle-max-queries", help="Oracle on whole groups until this many queries (0: all)."),
-    reranker: str = typer.Option("auto", "--reranker", help="auto (the product default, as nexus route picks per index: likelihood on escalation, none for an embedder fine-tuned on example requests), likelihood, none, cross (trained once on ALL, shared) or llm."),
-    reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Reranker training budget (s)."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the product default, as nexus route picks per index: likelihood on escalation, none for an embedder fine-tuned on example requests), likelihood, none or llm."),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N queries."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the distractor draws and the bootstrap."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: sizes 10,50, first 30 queries, 20 s reranker."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/routing/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    seed: int = options.seed("Seed of the distractor draws and the bootstrap."),
+    quick: bool = options.quick("CI smoke run: sizes 10,50, first 30 queries."),
+    out: str = options.results_out("routing"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..stages import bench_routing as stage
+    from ..lab import bench_routing as stage  # lazy: `nexus --help` stays fast
 
-    if quick:
-        q = stage.QUICK
-        sizes = ",".join(q["sizes"]) if sizes == "10,50,100,250,ALL" else sizes
-        max_queries = max_queries or q["max_queries"]
-        reranker_budget = q["reranker_budget"] if reranker_budget == 300.0 else reranker_budget
+    s = options.settings(dict(sizes=sizes, model=model, embedder=embedder, max_queries=max_queries), stage.DEFAULTS,
+                         quick, stage.QUICK)
     with stage_progress("routing") as prog:
-        doc = stage.run(registry_dir=registry_dir, sizes=sizes, queries=queries, model=model, embedder=embedder,
-                        examples=examples, oracle=oracle, oracle_ctx=oracle_ctx,
-                        oracle_max_queries=oracle_max_queries or None, reranker=reranker, reranker_budget=reranker_budget,
-                        max_queries=max_queries, seed=seed, out_dir=out, quick=quick, progress=prog)
+        doc = stage.run(registry_dir=registry_dir, queries=queries, examples=examples, oracle=oracle,
+                        oracle_ctx=oracle_ctx, oracle_max_queries=oracle_max_queries or None, reranker=reranker,
+                        seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 

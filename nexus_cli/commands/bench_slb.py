@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ..errors import UsageError
+from . import options
 from ._progress import parse_int_list, stage_progress
 from ._report import env_line, finish, fmt_num
 
@@ -12,12 +14,11 @@ def command(
     sizes: str = typer.Option("250,1000,10000,100000", "--sizes", help="Database sizes N, comma-separated."),
     dim: int = typer.Option(384, "--dim", help="Vector dimension."),
     reps: int = typer.Option(1000, "--reps", help="Timed repetitions per method (fewer for large N)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random vectors."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/slb/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    seed: int = options.seed("Seed of the random vectors."),
+    out: str = options.results_out("slb"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..errors import UsageError
-    from ..stages import bench_slb as stage
+    from ..lab import bench_slb as stage  # lazy: `nexus --help` stays fast
 
     ns = parse_int_list(sizes, "--sizes")
     if any(n < 1 for n in ns):

@@ -1,4 +1,5 @@
-"""nexus index REGISTRY... [--mcp CMD] --out INDEX_DIR [--json]: embed a registry into an INT8 SLB, calibrate the gate."""
+"""nexus index REGISTRY... [--mcp CMD] [--out INDEX_DIR] [--json]: embed a registry into an INT8 SLB, calibrate the
+gate. The index goes to the default folder (.nexus/index, or $NEXUS_INDEX) that `nexus route` reads."""
 
 from __future__ import annotations
 
@@ -6,33 +7,40 @@ from typing import List, Optional
 
 import typer
 
-from ..config import FINETUNE_BUDGET_S, FINETUNE_EPOCHS, FINETUNE_EXAMPLE_POSITIVES, FINETUNE_ROUNDS
+from ..config import (
+    DEFAULT_EMBEDDER,
+    DEFAULT_LEX_WEIGHT,
+    DEFAULT_RECIPE,
+    FINETUNE_BUDGET_S,
+    FINETUNE_EPOCHS,
+    FINETUNE_EXAMPLE_POSITIVES,
+    FINETUNE_ROUNDS,
+    default_index_dir,
+)
 from ..errors import NexusError, UsageError
+from ..output import emit_json, progress, stdout_console
+from ..registry import load_example_requests, load_registries
 
 
 def index_command(
     registry: Optional[List[str]] = typer.Argument(None, help="Registry files or directories (MCP tools/list JSON)."),
     mcp: Optional[List[str]] = typer.Option(None, "--mcp", help="Also index a live MCP server over stdio (command line; repeatable)."),
-    out: str = typer.Option(..., "--out", "-o", help="Index directory to write (replaced atomically)."),
-    embedder: str = typer.Option("minilm", "--embedder", help="Embedder name (minilm) or a sentence-transformers folder; its own query/document prompts are used."),
-    recipe: str = typer.Option("multi", "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Index directory to write (replaced atomically); default .nexus/index or $NEXUS_INDEX."),
+    embedder: str = typer.Option(DEFAULT_EMBEDDER, "--embedder", help="Embedder name (minilm) or a sentence-transformers folder; its own query/document prompts are used."),
+    recipe: str = typer.Option(DEFAULT_RECIPE, "--recipe", help="Tool text recipe: multi (several vectors per tool) or doc."),
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
-    lex_weight: float = typer.Option(0.20, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
+    lex_weight: float = typer.Option(DEFAULT_LEX_WEIGHT, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
     examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 12 become extra vectors and BM25 words, its first 4 join the reranker's prompt (repeatable)."),
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
-    adapter: bool = typer.Option(False, "--adapter/--no-adapter", help="Learn a query-side linear adapter from registry-derived requests."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
     finetune_epochs: int = typer.Option(FINETUNE_EPOCHS, "--finetune-epochs", help="Passes over the fine-tuning requests."),
     finetune_example_positives: bool = typer.Option(FINETUNE_EXAMPLE_POSITIVES, "--finetune-example-positives/--no-finetune-example-positives", help="With --examples, also pair each example request with another of its tool (doubles the training time)."),
     finetune_rounds: int = typer.Option(FINETUNE_ROUNDS, "--finetune-rounds", help="With --examples: 2 adds one pass from the fine-tuned model, its hard negatives mined by that model (1 or 2)."),
     finetune_budget: float = typer.Option(FINETUNE_BUDGET_S, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
-    train_reranker: bool = typer.Option(False, "--train-reranker", help="Train the cross-encoder reranker into the index (minutes)."),
-    reranker_budget: float = typer.Option(300.0, "--reranker-budget", help="Training time budget in seconds."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
 ) -> None:
-    from ..output import emit_json, progress, stdout_console
-    from ..registry import load_example_requests, load_registries
-    from ..stages.index import build_index
+    from ..routing.build import build_index  # lazy: `nexus --help` stays fast
+    from ..serving import mcp_client  # lazy: `nexus --help` stays fast
 
     if not registry and not mcp:
         raise UsageError("give at least one REGISTRY file/directory or --mcp CMD")
@@ -46,10 +54,6 @@ def index_command(
     example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])
     for cmd in mcp or []:
-        try:
-            from .. import mcp_client
-        except ImportError as e:
-            raise NexusError(f"--mcp is unavailable: {e}") from None
         live = mcp_client.list_tools(cmd)
         seen = {t.key for t in tools}
         for t in live:
@@ -66,12 +70,11 @@ def index_command(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        report = build_index(tools, out, embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
-                             train_reranker=train_reranker, reranker_options={"time_budget_s": reranker_budget},
+        report = build_index(tools, out or default_index_dir(), embedder_name=embedder, recipe=recipe, lexical=lexical, lex_weight=lex_weight,
                              finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs,
                                                "example_positives": finetune_example_positives,
                                                "rounds": finetune_rounds},
-                             adapter=adapter, value_masking=value_masking, examples=example_requests,
+                             value_masking=value_masking, examples=example_requests,
                              progress=on_progress, sources=sources)
     if as_json:
         emit_json(report.as_json())
@@ -94,9 +97,6 @@ def index_command(
                 f"requests in {ft['train']['seconds']} s"
                 + (f", then a second round in {ft['second_round']['train']['seconds']} s"
                    if "train" in (ft.get("second_round") or {}) else ""))
-    if report.reranker:
-        c.print(f"reranker: cross-encoder trained on {report.reranker['n_groups']} registry-derived groups "
-                f"in {report.reranker['train']['seconds']} s")
     if report.interchangeable:
         n = sum(len(g) for g in report.interchangeable)
         c.print(f"interchangeable: {len(report.interchangeable)} tools served by several servers unchanged ({n} "

@@ -1,4 +1,7 @@
-"""nexus route "QUERY" --index DIR [--registry ...] [--history FILE] [--no-args] [--model M] [--batch FILE] [--json]."""
+"""nexus route "QUERY" [--index DIR] [--registry ...] [--history FILE] [--no-args] [--model M] [--batch FILE] [--json].
+
+Without --index it reads the default index (.nexus/index, or $NEXUS_INDEX), the one `nexus index` and `make demo` write.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,10 @@ from typing import List, Optional
 
 import typer
 
+from ..config import DEFAULT_LLM, default_index_dir
 from ..errors import FormatError, UsageError
+from ..output import emit_json, stdout_console
+from . import options
 
 
 def _read_history(path: str) -> list[dict]:
@@ -54,33 +60,40 @@ def _read_batch(path: str) -> list[dict]:
     return items
 
 
+def resolve_index(index: Optional[str]) -> str:
+    """The --index given, else the default one; with neither, one line naming the command that builds it."""
+    if index is not None:
+        return index
+    default = default_index_dir()
+    if not (default / "manifest.json").is_file():
+        raise UsageError(f"no index at {default}",
+                         hint="build one with `nexus index REGISTRY` (or `make demo`), or pass --index DIR")
+    return str(default)
+
+
 def route_command(
     query: Optional[str] = typer.Argument(None, help="The request to route (omit with --batch)."),
-    index: str = typer.Option(..., "--index", "-i", help="Index directory built by `nexus index`."),
-    registry: Optional[List[str]] = typer.Option(None, "--registry", help="Registry files/dirs to take schemas from (must match the index)."),
+    index: Optional[str] = options.index(),
+    registry: Optional[List[str]] = options.registry(),
     history: Optional[str] = typer.Option(None, "--history", help="JSON file: list of {role, content} earlier turns."),
     no_args: bool = typer.Option(False, "--no-args", help="Stop after routing (no argument generation)."),
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM for arguments (and the llm / likelihood rerankers)."),
+    model: str = typer.Option(DEFAULT_LLM, "--model", "-m", help="LLM for arguments and the llm / likelihood rerankers: smollm2-135m, qwen2.5-0.5b or a .gguf path."),
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
-    reranker: str = typer.Option("auto", "--reranker", help="auto (the index's trained reranker if any; none when its embedder was fine-tuned on "
-                                 "example requests; else likelihood), likelihood (LLM query likelihood), cross, llm, none."),
-    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 10 for cross and llm)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    # --- serving (owner: serving engineer; stages/session.py) ---
+    reranker: str = options.reranker(),
+    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 10 for llm)."),
+    as_json: bool = options.as_json(),
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
-    # --- end serving ---
 ) -> None:
-    from ..output import emit_json
-    from ..stages.route import Router, RouterConfig
+    from ..routing.router import Router, RouterConfig  # lazy: `nexus --help` stays fast
+    from ..serving.session import route_with_session  # lazy: `nexus --help` stays fast
 
-    # --- serving (owner: serving engineer): one turn of a persisted session ---
+    index = resolve_index(index)
     if session is not None:
         if batch is not None or history is not None or query is None or not query.strip():
             raise UsageError("--session takes one QUERY (no --batch, no --history: the session keeps the history)")
         if rerank_k is not None:
             raise UsageError("--rerank-k is not available with --session (a session keeps its router's settings)")
-        from ..stages.session import route_with_session
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker)
         if as_json:
@@ -88,7 +101,6 @@ def route_command(
         else:
             _render(query, turn.route, with_args=not no_args)
         return
-    # --- end serving ---
 
     if batch is None and (query is None or not query.strip()):
         raise UsageError("give a QUERY or --batch FILE")
@@ -121,7 +133,6 @@ def _render(query: str, res, with_args: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ..output import stdout_console
 
     head = Text.assemble(("→ ", "bold"), (f"{res.server}/", "dim"), (res.tool, "bold green"))
     gate = res.gate

@@ -9,6 +9,8 @@ import typer
 
 from ..config import DEFAULT_LLM, SCHEDULE_K, SCHEDULE_M, SCHEDULE_R_BASE
 from ..errors import UsageError
+from ..output import emit_json, stderr_console, stdout_console
+from . import options
 
 
 def splice_command(
@@ -22,10 +24,10 @@ def splice_command(
     flash_attn: str = typer.Option("off", "--flash-attn", help="on|off (must match the block's V layout)."),
     query: Optional[str] = typer.Option(None, "--query", "-q", help="The user turn after the schema."),
     repeat: int = typer.Option(3, "--repeat", help="Timed rounds (after one warm-up); times are medians."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    json_out: bool = options.as_json(),
 ) -> None:
-    from ..output import emit_json, stderr_console, stdout_console
-    from ..stages.splice import Schedule, open_checked_block, parse_recompute, run_fidelity_cli
+    from ..splice.engine import Schedule, open_checked_block, parse_recompute  # lazy: `nexus --help` stays fast
+    from ..splice.fidelity import run_fidelity_cli  # lazy: `nexus --help` stays fast
 
     fa = flash_attn.strip().lower()
     if fa not in ("on", "off"):

@@ -1,4 +1,4 @@
-"""nexus sweep: fidelity sweeps. Each sweep's command lives in its own module; its logic in stages/."""
+"""nexus sweep: fidelity sweeps. Each sweep's command lives in its own module; its logic in lab/."""
 
 import typer
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from . import options
 from ._progress import parse_int_list, stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_kl, fmt_pct
 
@@ -13,32 +14,27 @@ DEFAULT_OFFSETS = "0,16,32,64,128,256,512,1024,1536,2048"
 
 
 def command(
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM name or GGUF path."),
-    offsets: str = typer.Option(DEFAULT_OFFSETS, "--offsets", help="Placement offsets n_past - m0 (0 = compile anchor)."),
-    queries: int = typer.Option(10, "--queries", min=1, max=10, help="User turns per offset (1-10)."),
-    tool: str = typer.Option("github/create_pull_request", "--tool", help="The schema to splice (server/name)."),
-    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
-    legolink_offset: int = typer.Option(1024, "--legolink-offset", help="Offset of the LegoLink point; -1 skips it."),
+    model: Optional[str] = options.model(),
+    offsets: Optional[str] = typer.Option(None, "--offsets", help=f"Placement offsets n_past - m0 (0 = compile anchor; default {DEFAULT_OFFSETS})."),
+    queries: Optional[int] = typer.Option(None, "--queries", min=1, max=10, help="User turns per offset (1-10, default 10)."),
+    tool: str = options.tool(),
+    registry_dir: Optional[str] = options.registry_dir(),
+    legolink_offset: Optional[int] = typer.Option(None, "--legolink-offset", help="Offset of the LegoLink point (default 1024); -1 skips it."),
     legolink_k: int = typer.Option(16, "--legolink-k", min=1, help="Chunk-head tokens LegoLink recomputes (EPIC: 16)."),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Row-major V cache (on) or transposed (off)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: SmolLM2, offsets 0,64,256, 2 queries (unless given)."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/dkl/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    flash_attn: bool = options.flash_attn(),
+    seed: int = options.seed(),
+    quick: bool = options.quick("CI smoke run: SmolLM2, offsets 0,64,256, 2 queries (unless given)."),
+    out: str = options.results_out("dkl"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..stages import sweep_dkl as stage
+    from ..lab import sweep_dkl as stage  # lazy: `nexus --help` stays fast
 
-    offs = parse_int_list(offsets, "--offsets")
-    ll = None if legolink_offset < 0 else legolink_offset
-    if quick:
-        q = stage.QUICK
-        model = q["model"] if model == "qwen2.5-0.5b" else model
-        offs = q["offsets"] if offsets == DEFAULT_OFFSETS else offs
-        queries = q["queries"] if queries == 10 else queries
-        ll = q["legolink_offset"] if legolink_offset == 1024 else ll
+    s = options.settings(dict(model=model, offsets=parse_int_list(offsets, "--offsets") if offsets else None,
+                              queries=queries, legolink_offset=legolink_offset), stage.DEFAULTS, quick, stage.QUICK)
+    ll = None if s["legolink_offset"] < 0 else s["legolink_offset"]
     with stage_progress("dkl") as prog:
-        doc = stage.run(model=model, offsets=offs, queries=queries, tool=tool, registry_dir=registry_dir,
-                        legolink_offset=ll, legolink_k=legolink_k, flash_attn=flash_attn, seed=seed, out_dir=out,
+        doc = stage.run(model=s["model"], offsets=s["offsets"], queries=s["queries"], tool=tool,
+                        registry_dir=registry_dir, legolink_offset=ll, legolink_k=legolink_k, flash_attn=flash_attn, seed=seed, out_dir=out,
                         quick=quick, progress=prog)
     finish(doc, as_json, render)
 

@@ -6,29 +6,28 @@ from typing import Optional
 
 import typer
 
+from . import options
 from ._progress import parse_int_list, stage_progress
 from ._report import env_line, finish, fmt_ci
 
 
 def command(
-    model: str = typer.Option("qwen2.5-0.5b", "--model", "-m", help="LLM name or GGUF path."),
-    depths: str = typer.Option("256,1024,2048", "--depths", help="Cursor positions n_past (compile prefix included)."),
-    tool: str = typer.Option("github/create_pull_request", "--tool", help="The schema to splice (server/name)."),
-    registry_dir: Optional[str] = typer.Option(None, "--registry-dir", help="Registries folder (default ../shared/registries)."),
-    flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Row-major V cache (on) or transposed (off)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap over heads."),
-    quick: bool = typer.Option(False, "--quick", help="CI smoke run: SmolLM2, n_past 256 (unless given)."),
-    out: str = typer.Option("results", "--out", help="Results folder (writes <out>/gate/)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results document as JSON."),
+    model: Optional[str] = options.model(),
+    depths: Optional[str] = typer.Option(None, "--depths", help="Cursor positions n_past (compile prefix included; default 256,1024,2048)."),
+    tool: str = options.tool(),
+    registry_dir: Optional[str] = options.registry_dir(),
+    flash_attn: bool = options.flash_attn(),
+    seed: int = options.seed("Seed of the bootstrap over heads."),
+    quick: bool = options.quick("CI smoke run: SmolLM2, n_past 256 (unless given)."),
+    out: str = options.results_out("gate"),
+    as_json: bool = options.as_json(),
 ) -> None:
-    from ..stages import sweep_gate as stage
+    from ..lab import sweep_gate as stage  # lazy: `nexus --help` stays fast
 
-    dl = parse_int_list(depths, "--depths")
-    if quick:
-        model = stage.QUICK["model"] if model == "qwen2.5-0.5b" else model
-        dl = stage.QUICK["depths"] if depths == "256,1024,2048" else dl
+    s = options.settings(dict(model=model, depths=parse_int_list(depths, "--depths") if depths else None),
+                         stage.DEFAULTS, quick, stage.QUICK)
     with stage_progress("gate") as prog:
-        doc = stage.run(model=model, depths=dl, tool=tool, registry_dir=registry_dir, flash_attn=flash_attn, seed=seed,
+        doc = stage.run(model=s["model"], depths=s["depths"], tool=tool, registry_dir=registry_dir, flash_attn=flash_attn, seed=seed,
                         out_dir=out, quick=quick, progress=prog)
     finish(doc, as_json, render)
 

@@ -1,0 +1,294 @@
+"""The one argument pipeline: a tool's arguments from the local LLM, compressed signature in, grammar-constrained JSON
+out, repaired and validated. `nexus route`, `nexus route --session` and `nexus serve` all call `generate_arguments`.
+
+Prompt (chat template of the model; arguments/prompt.py): a short system instruction (copy values exactly, fill
+required parameters, add an optional one only when asked, split "owner/name" repository references), then one user
+turn with the pruned history window (recent turns verbatim, tool payloads as digests), the tool's signature with
+short inline descriptions, and the request.
+
+Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
+String values are bounded by the length of the request + history window (a value longer than its only possible
+source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out of tokens
+before its JSON closes is retried once over the tool's tight grammar (arrays of at most two items, free-form objects
+empty, recursion cut after one level, strings of at most 64 characters). Optional fields the request states and the
+answer left out get a second pass whose grammar requires them (stated_optional_keys), and a list closed after one
+item one whose grammar asks for more (one_item_lists; new items kept only while the request writes them). The
+repairs (arguments/repairs.py) then drop unsupported optional fields, clamp numbers and restore values from the
+request; the result is validated with jsonschema against the ORIGINAL schema the server sent, and every violation
+is reported in `ArgsResult.errors` (valid=False).
+
+The prompt's cells: what the sequence still holds from the previous call (the longest common token prefix), and,
+with an ArgumentPrefixes, the part every call of the tool shares (the system prompt, and the tool's block when
+there is no history window), restored from a kept KV state instead of decoded, also in a new process (PromptCache).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..adapters.llama import LlamaContext
+from ..errors import NexusError, SchemaError
+from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
+from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
+from .prompt import build_messages, source_text, tool_block
+from .repairs import (
+    drop_unsupported,
+    field_words,
+    norm_text,
+    one_item_lists,
+    post_process_arguments,
+    stated_optional_keys,
+    supported,
+)
+
+DEFAULT_MAX_TOKENS = 256
+LONGER_LISTS_PASS = True  # a second pass for a list the answer closed after one item
+STATED_KEYS_PASS = True  # a second pass for optional fields the request states and the answer left out
+STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
+TIGHT_STRING_MAX = 64  # the string bound of the retry over the tight grammar (chars)
+
+
+@dataclass
+class ArgsResult:
+    arguments: dict[str, Any] | None  # None when the output is not a JSON object (errors says why)
+    raw: str
+    valid: bool
+    errors: list[str] = field(default_factory=list)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # first_token, total
+    prompt_tokens: int = 0
+    dropped: list[str] = field(default_factory=list)  # post-processing: optional fields removed, numbers clamped,
+    #                                                   path prefixes restored
+    prompt: str = ""
+    retried_tight: bool = False  # the first answer ran out of tokens; this one came from the tight grammar
+
+
+_CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _context_for(llm: Any):
+    """A LlamaContext for `llm` (a LlamaContext is used as is; a LlamaModel gets one 2048-cell context, kept)."""
+    if hasattr(llm, "generate") and hasattr(llm, "model"):
+        return llm
+    if hasattr(llm, "chat_tokens"):
+        ctx = _CONTEXTS.get(llm)
+        if ctx is None:
+            ctx = LlamaContext(llm, n_ctx=2048, n_batch=512, n_seq_max=1)
+            _CONTEXTS[llm] = ctx
+        return ctx
+    raise NexusError(f"generate_arguments needs a LlamaContext or LlamaModel, got {type(llm).__name__}")
+
+
+class PromptCache:
+    """Where the cells of a call's prompt come from before it is decoded. This one: what the sequence still holds
+    from the previous call on it (the longest common token prefix), and each tool's shared prefix kept by an
+    ArgumentPrefixes. The serving engine brings its own (the L0 arena's slots, serving.engine). `start` makes the
+    sequence hold tokens[:n] and returns n; `kept` is told that the sequence holds the prompt and the first answer's
+    tokens (`generated`), or the prompt and a second pass's answer (`generated` None)."""
+
+    _WARM: "weakref.WeakKeyDictionary[Any, tuple[list[int], int]]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, prefixes: ArgumentPrefixes | None = None):
+        self.prefixes = prefixes
+
+    def start(self, ctx: Any, tokens: Sequence[int], n_tool_prefix: int, seq_id: int) -> int:
+        start = 0
+        warm = self._WARM.get(ctx) if seq_id == 0 else None  # the Router's sequence for arguments
+        if warm is not None and warm[1] == ctx.seq_pos_max(seq_id):
+            start = common_prefix(warm[0], tokens[:-1])  # at least one token is decoded, for the logits
+        if self.prefixes is not None and start < n_tool_prefix:
+            start = self.prefixes.prepare(ctx, tokens, n_tool_prefix, seq_id, warm=start)
+        return start
+
+    def kept(self, ctx: Any, tokens: Sequence[int], generated: Sequence[int] | None, seq_id: int) -> None:
+        if seq_id == 0:
+            self._WARM[ctx] = (list(tokens), ctx.seq_pos_max(seq_id))
+
+
+def _forced_answer(ctx: Any, spec: ToolSpec, schema: dict, tokens: Sequence[int], source_chars: int,
+                   max_tokens: int, seq_id: int) -> tuple[dict | None, float]:
+    """A second greedy answer over the same prompt under the grammar of `schema` (a variant of the tool's own):
+    (the answer, or None when the grammar cannot be built or the output is not an object; milliseconds spent).
+    The prompt's cells are still in the cache, so only its last token is decoded again."""
+    try:
+        gbnf, _ = grammar_of(spec.name, schema)
+    except NexusError:
+        return None, 0.0
+    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
+                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0)
+    try:
+        answer = json.loads(res.text)
+    except ValueError:
+        return None, res.t_total_ms
+    return (answer if isinstance(answer, dict) else None), res.t_total_ms
+
+
+def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
+                      max_tokens: int, seq_id: int) -> dict:
+    """The values of the optional fields the first answer left out although the request states them
+    (stated_optional_keys), from a second pass whose grammar makes them required; the first answer's other values
+    are kept. {} when there is none; else {key: value, ..., "_ms": time}. The values still go through the drop of
+    unsupported fields like any other."""
+    keys = stated_optional_keys(args, spec.schema, source, field_words(spec.name))
+    schema = spec.input_schema
+    if not keys or not isinstance(schema, dict):
+        return {}
+    forced = {**schema, "required": list(schema.get("required") or []) + keys}
+    second, ms = _forced_answer(ctx, spec, forced, tokens, source_chars, max_tokens, seq_id)
+    return {**{k: second[k] for k in keys if k in (second or {})}, "_ms": ms}
+
+
+def _item_backed(item: Any, context: str) -> bool:
+    """Every string and number inside a list item is written in the (normalized) context; flags and nulls are free."""
+    if item is None or isinstance(item, bool):
+        return True
+    if isinstance(item, (int, float, str)):
+        return supported(item, context)
+    if isinstance(item, list):
+        return all(_item_backed(x, context) for x in item)
+    if isinstance(item, dict):
+        return bool(item) and all(_item_backed(v, context) for v in item.values())
+    return False
+
+
+def _leaves(item: Any) -> set[str]:
+    """The strings and numbers inside a value, as JSON text (flags and nulls left out)."""
+    if isinstance(item, dict):
+        return set().union(*(_leaves(v) for v in item.values())) if item else set()
+    if isinstance(item, list):
+        return set().union(*(_leaves(v) for v in item)) if item else set()
+    if item is None or isinstance(item, bool):
+        return set()
+    return {json.dumps(item)}
+
+
+def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
+                       max_tokens: int, seq_id: int) -> dict:
+    """For each one-item list of the answer (one_item_lists), a second pass whose grammar asks for at least two
+    items; its list replaces the answer's when it starts with the same item, and is kept up to the first item
+    that brings no value of its own or is not written in the request + window (every string and number of it), so
+    a list that really has one item stays as it was. {} when there is none; else {key: longer list, ..., "_ms":
+    time}."""
+    # only the lists the drop keeps (every required one): an optional list whose one item the request does not back
+    # is dropped afterwards however long it grows (every item must be backed, and a longer list starts with that
+    # item), so it costs no second pass ({"reviewers": ["it"]} beside a pull request's required fields did)
+    kept, _ = drop_unsupported({k: args[k] for k in one_item_lists(args, spec.input_schema)}, spec, source)
+    keys = list(kept)
+    schema = spec.input_schema
+    if not keys:
+        return {}
+    props = dict(schema["properties"])
+    for k in keys:
+        props[k] = {**props[k], "minItems": max(2, int(props[k].get("minItems", 0) or 0))}
+    second, ms = _forced_answer(ctx, spec, {**schema, "properties": props}, tokens, source_chars, max_tokens, seq_id)
+    out: dict = {"_ms": ms}
+    context = norm_text(source)
+    for k in keys:
+        longer = (second or {}).get(k)
+        if not isinstance(longer, list) or not longer or longer[0] != args[k][0]:
+            continue
+        kept = [longer[0]]
+        seen = _leaves(longer[0])
+        for item in longer[1:]:
+            # an item counts when it brings a value no earlier item has (not a no-op copy of the first one)
+            leaves = _leaves(item)
+            if not (leaves - seen) or not _item_backed(item, context):
+                break
+            kept.append(item)
+            seen |= leaves
+        if len(kept) > 1:
+            out[k] = kept
+    return out
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _tight_grammar(spec: ToolSpec) -> str | None:
+    """The fallback grammar of a tool (schema.grammar_of(tight=True)), or None when it cannot be built."""
+    try:
+        text, _ = grammar_of(spec.name, spec.input_schema, tight=True)
+    except NexusError:
+        return None
+    return text
+
+
+def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[Any] | None = None,
+                       max_tokens: int = DEFAULT_MAX_TOKENS, descriptions: bool = True, post_process: bool = True,
+                       seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
+                       cache: PromptCache | None = None) -> ArgsResult:
+    """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
+    The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
+
+    prefixes: restore the tool's prompt prefix (system prompt + tool block) from there instead of decoding it, and
+    keep it there when it has to be decoded (ArgumentPrefixes). cache: where the prompt's cells come from
+    (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's).
+
+    Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
+    if not spec.ok or not spec.grammar:
+        why = "; ".join(spec.problems) or "no grammar"
+        raise SchemaError(f"tool '{spec.key}' cannot be called: {why}")
+    ctx = _context_for(llm)
+    cache = cache or PromptCache(prefixes)
+    messages, window = build_messages(spec, query, history, descriptions=descriptions)
+    tokens = ctx.model.chat_tokens(messages)
+    if len(tokens) + max_tokens > ctx.n_ctx:
+        raise NexusError(f"argument prompt needs {len(tokens) + max_tokens} cells, the context has {ctx.n_ctx}",
+                         hint="shorten the history window or use a larger context")
+    n_tool_prefix = tool_prefix_tokens(ctx.model, messages, tool_block(spec, descriptions), tokens) \
+        if getattr(cache, "prefixes", None) is not None else 0
+    start = cache.start(ctx, tokens, n_tool_prefix, seq_id)
+    # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)
+    source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
+    gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
+    source = source_text(query, window)
+    res = ctx.generate(tokens[start:], max_tokens=max_tokens, grammar=gbnf, temperature=0.0,
+                       seq_id=seq_id, start_pos=start)
+    t_first, t_total = res.t_first_token_ms, res.t_total_ms
+    retried = False
+    if res.stop == "max_tokens" and not _parses(res.text):
+        # The model looped (a long array, nested free-form objects) and ran out of tokens. Retry once over the
+        # tight grammar (arrays of at most two items, free-form objects empty): a shorter answer beats no answer.
+        tight = _tight_grammar(spec)
+        if tight is not None:
+            res = ctx.generate(tokens, max_tokens=max_tokens,
+                               grammar=with_string_limit(tight, max(STRING_MIN_BOUND,
+                                                                    min(source_chars + 16, TIGHT_STRING_MAX))),
+                               temperature=0.0, seq_id=seq_id, start_pos=0)
+            t_total += res.t_total_ms
+            retried = True
+    cache.kept(ctx, tokens, res.tokens, seq_id)
+    raw = res.text
+    timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
+    errors: list[str] = []
+    try:
+        args = json.loads(raw)
+    except ValueError as e:
+        why = "output hit max_tokens before the JSON closed" if res.stop == "max_tokens" else f"output is not JSON: {e}"
+        return ArgsResult(None, raw, False, [why], timings, len(tokens), [], "", retried)
+    if not isinstance(args, dict):
+        return ArgsResult(None, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "", retried)
+    dropped: list[str] = []
+    added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+        if post_process and STATED_KEYS_PASS else {}
+    longer = _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+        if post_process and LONGER_LISTS_PASS else {}
+    if added or longer:
+        t_total += added.pop("_ms", 0.0) + longer.pop("_ms", 0.0)
+        timings["total"] = round(t_total, 2)
+        args = {**args, **added, **longer}
+        cache.kept(ctx, tokens, None, seq_id)  # the second passes replaced what follows the prompt
+    if post_process:
+        args, dropped = post_process_arguments(args, spec, query, window)
+        dropped += [f"added {k} (stated in the request)" for k in added if k in args]
+        dropped += [f"extended {k} to {len(v)} items" for k, v in longer.items() if k in args]
+    errors = validate_arguments(spec.input_schema, args)
+    return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
+                      messages[-1]["content"], retried)

@@ -1,0 +1,117 @@
+"""`make results` / `make results-quick`: every measurement suite in sequence, one results tree.
+
+    nexus results all [--quick] [--out DIR] [--only deep-splice,dkl,...] [--skip ...]
+
+Full: the main model (qwen2.5-0.5b) with the paper's parameters, into results/. Quick: the CI smoke variant of each
+suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), into .nexus/results-quick/ so the
+committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
+exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
+<out>/results_all.json).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from ..config import REPO_ROOT, TEST_LLM
+from ..errors import UsageError
+from ..output import progress as make_progress
+from . import (
+    bench_args,
+    bench_deep_splice,
+    bench_l0,
+    bench_routing,
+    bench_slb,
+    common,  # noqa: F401 - sets OMP_WAIT_POLICY before any OpenMP library loads
+    sweep_dkl,
+    sweep_gate,
+)
+from .common import Progress
+from .results import environment, write_json_doc
+
+SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
+ORDER = ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args"]
+
+
+def _progress(label: str):
+    bar = make_progress(transient=True)
+    task = bar.add_task(label, total=None)
+
+    def on_total(n):
+        bar.update(task, total=n)
+
+    def on_adv(desc):
+        bar.update(task, advance=1, description=f"{label} {desc}")
+
+    return bar, Progress(on_advance=on_adv, on_total=on_total)
+
+
+def run_suite(suite: str, out: Path, quick: bool) -> dict:
+    bar, prog = _progress(suite)
+    with bar:
+        if suite == "slb":
+            doc = bench_slb.run(out_dir=str(out), reps=SLB_QUICK_REPS if quick else bench_slb.DEFAULT_REPS)
+        elif suite == "l0":
+            doc = bench_l0.run(out_dir=str(out), quick=quick, progress=prog)
+        elif suite == "deep-splice":
+            kw = dict(bench_deep_splice.QUICK) if quick else {}
+            doc = bench_deep_splice.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "dkl":
+            kw = dict(sweep_dkl.QUICK) if quick else {}
+            doc = sweep_dkl.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "gate":
+            kw = dict(sweep_gate.QUICK) if quick else {}
+            doc = sweep_gate.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "routing":
+            kw = dict(bench_routing.QUICK) if quick else {}
+            if quick:
+                kw["model"] = TEST_LLM
+            doc = bench_routing.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "args":
+            kw = dict(bench_args.QUICK) if quick else {}
+            if quick:
+                kw["model"] = TEST_LLM
+            doc = bench_args.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        else:
+            raise ValueError(f"unknown suite {suite}")
+    return {"ok": True, "doc": doc}
+
+
+def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] | None = None,
+            skip: list[str] | None = None) -> dict:
+    """Every suite in ORDER (less `skip`, or `only` those), one after another; a failing suite is reported and the
+    others still run. Returns the report (also written to <out>/results_all.json); report["failed"] counts."""
+    out = Path(out) if out else (REPO_ROOT / (".nexus/results-quick" if quick else "results"))
+    only, skip = list(only or []), set(skip or [])
+    unknown = [s for s in only + sorted(skip) if s not in ORDER]
+    if unknown:
+        raise UsageError(f"unknown suite(s) {', '.join(unknown)} (known: {', '.join(ORDER)})")
+    suites = [s for s in ORDER if (not only or s in only) and s not in skip]
+    t_all = time.perf_counter()
+    report = {"quick": quick, "out": str(out), "suites": {}}
+    failed = 0
+    for suite in suites:
+        t0 = time.perf_counter()
+        print(f"[results] {suite} ...", file=sys.stderr, flush=True)
+        try:
+            run_suite(suite, out, quick)
+            status = "ok"
+            err = None
+        except Exception as e:  # noqa: BLE001 - one failing suite must not stop the others
+            status, err = "failed", f"{type(e).__name__}: {e}"
+            failed += 1
+            traceback.print_exc(file=sys.stderr)
+        dt = time.perf_counter() - t0
+        report["suites"][suite] = {"status": status, "seconds": round(dt, 1), "error": err}
+        print(f"{suite:12s} {status:7s} {dt:8.1f} s" + (f"  {err}" if err else ""), file=sys.stderr, flush=True)
+    total = time.perf_counter() - t_all
+    report["total_seconds"] = round(total, 1)
+    report["failed"] = failed
+    out.mkdir(parents=True, exist_ok=True)
+    report["environment"] = environment()
+    name = "results_all-quick.json" if quick else "results_all.json"
+    write_json_doc(out / name, report)
+    return report

@@ -1,0 +1,1 @@
+"""Serving: multi-turn sessions on one shared engine, and the MCP server and client."""

@@ -124,3 +124,19 @@ def test_args_smoke(tmp_path):
         fa = s["first_arg"]
         assert fa["steady"]["speedup"]["value"] > 0 and 0 < fa["token_saving_turn"] < 1
 
+
+@pytest.mark.skipif(not _native() or not REGISTRIES.is_dir() or not _have_minilm(),
+                    reason="needs libnexus, ../shared/registries and the MiniLM embedder")
+def test_routing_lso_smoke(tmp_path):
+    """Leave-servers-out routing: an index of the dev servers only, no example requests, the dev servers' own example
+    requests routed; every request's gold tool is among the part's tools."""
+    split = json.loads((ROOT / "benchmarks" / "server_splits.json").read_text())
+    assert not set(split["dev"]) & set(split["train"]) and not set(split["test"]) & set(split["train"])
+    doc = nexus("bench", "routing-lso", "--part", "dev", "--embedder", "minilm", "--max-queries", "6", "--out",
+                str(tmp_path))
+    s, p = doc["summary"], doc["params"]
+    assert doc["suite"] == "routing-lso" and p["part"] == "dev" and p["examples"] is None and s["n"] == 6
+    assert 0 <= s["top1"]["value"] <= s["top3"]["value"] <= 1
+    rows = doc["samples"]["queries"]
+    assert all(r["gold"].split("/", 1)[0] in split["dev"] for r in rows)
+    assert (tmp_path / "routing-lso" / "latest.json").is_file()

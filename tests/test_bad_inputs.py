@@ -362,6 +362,33 @@ def test_corrupt_model_file(work, tiny_registry, kind):
     assert_one_line_error(r, "sha256")
 
 
+def test_bundled_router_embedder_damaged_is_refused(tmp_path, monkeypatch):
+    """The shipped router embedder is verified in place: a missing or altered weights file is one line that says how
+    to restore it, never a silently different model."""
+    import dataclasses
+
+    from nexus_cli import config, models
+    from nexus_cli.errors import ModelError
+
+    spec = config.MODELS["nexus-router"]
+    copy = tmp_path / "router-embedder"
+    copy.mkdir()
+    fake = dataclasses.replace(spec, filename=str(copy))  # an absolute filename wins over REPO_ROOT
+    monkeypatch.setitem(config.MODELS, "nexus-router", fake)
+    monkeypatch.setenv("NEXUS_MODELS", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="missing or fails its sha256 check") as e:
+        models.resolve_model("nexus-router", kind="embedder")
+    assert "git checkout" in (e.value.hint or "")
+    src = models.REPO_ROOT / spec.filename / "model.safetensors"
+    data = bytearray(src.read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="fails its sha256 check"):
+        models.resolve_model("nexus-router", kind="embedder")
+    with pytest.raises(ModelError, match="fails its sha256 check"):
+        models.fetch(fake, log=lambda m: None)
+
+
 def test_model_path_that_is_not_gguf(work, tiny_registry):
     d = work / "model-not-gguf"
     bogus = _write(d / "model.gguf", b"this is not a model\n" * 10)

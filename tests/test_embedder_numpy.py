@@ -67,6 +67,28 @@ def test_numpy_encoder_matches_sentence_transformers(encoder, reference):
     assert encoder.encode([]).shape == (0, 384)
 
 
+def test_shipped_router_embedder_is_float16_on_disk_and_float32_in_both_encoders():
+    """models/router-embedder stores float16 weights; sentence-transformers and NumPy both run it in float32 and agree
+    as they do on MiniLM, and its pinned sha256 holds."""
+    from safetensors.numpy import load_file
+
+    from nexus_cli.config import DEFAULT_EMBEDDER, MODELS
+    from nexus_cli.models import is_verified
+
+    spec = MODELS["nexus-router"]
+    assert DEFAULT_EMBEDDER == "nexus-router" and spec.bundled
+    path = resolve_model("router", kind="embedder")
+    assert path == REPO / "models" / "router-embedder" and is_verified(spec, full=True)
+    stored = load_file(str(path / "model.safetensors"))
+    assert {v.dtype for v in stored.values()} == {np.dtype(np.float16)}
+    torch_side = Embedder("nexus-router", query_precision="float32")
+    assert {p.dtype for p in torch_side.model.parameters()} == {__import__("torch").float32}
+    numpy_side = query_embedder("nexus-router")
+    assert isinstance(numpy_side, NumpyBertEncoder) and numpy_side.word.dtype == np.float32
+    got, want = numpy_side.encode(TEXTS), torch_side.encode(TEXTS, role="query")
+    assert float(np.abs(got - want).max()) < 2e-5
+
+
 def _model_copy(src: Path, dst: Path) -> Path:
     """A model folder whose JSON files can be edited: small files copied, the weights linked."""
     dst.mkdir()

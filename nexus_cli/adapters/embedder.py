@@ -79,9 +79,13 @@ class Embedder:
         try:
             set_threads(threads)
             _quiet_transformers()
+            import torch
             from sentence_transformers import SentenceTransformer
 
             self.model = SentenceTransformer(str(self.path), device=device)
+            # The shipped router embedder stores float16 weights (half the bytes); documents and the SLB are float32
+            if any(p.dtype != torch.float32 for p in self.model.parameters()):
+                self.model.float()
         except ModelError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken model folder must become one clear line

@@ -149,7 +149,7 @@ def model_identity(name_or_path: str, kind: str = "gguf") -> dict:
     key = canonical_name(name_or_path)
     if key is not None and is_verified(MODELS[key]):
         spec = MODELS[key]
-        weights = path if kind == "gguf" else path / Path(spec.parts[0][1]).name
+        weights = path if kind == "gguf" else path / spec.weights_name
         return {"name": key, "file": path.name, "size": weights.stat().st_size, "sha256": spec.sha256, "verified": True}
     weights = path if path.is_file() else None
     return {

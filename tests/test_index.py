@@ -431,14 +431,19 @@ def test_finetune_trains_on_the_example_requests(tmp_path, embedder, forge_tools
     assert float(np.abs(numpy_tuned.encode(texts) - exact.encode(texts, role="query")).max()) < 2e-5
 
     # the folder records how it was trained, so an index built later with it as `--embedder` knows that its
-    # embedder was fine-tuned on example requests, and the router's `auto` reranker stays off there
+    # embedder was fine-tuned on example requests; the router's `auto` reranker stays off where the index's own
+    # tools have example requests too, and reranks a registry without any (tools the embedder never saw)
     from nexus_cli.routing.router import Router, RouterConfig
 
     assert json.loads((tmp_path / "ft" / finetune.FINETUNE_RECORD).read_text())["on_examples"] is True
     out = tmp_path / "tuned-index"
-    build_index(forge_tools, out, embedder=tuned, embedder_name=str(tmp_path / "ft"))
+    build_index(forge_tools, out, embedder=tuned, embedder_name=str(tmp_path / "ft"), examples=examples)
     assert load_index(out).manifest["embedder"]["examples_finetuned"] is True
     assert Router(out, RouterConfig(), embedder=tuned).reranker_name == "none"
+    plain = tmp_path / "tuned-index-no-examples"
+    build_index(forge_tools, plain, embedder=tuned, embedder_name=str(tmp_path / "ft"))
+    assert load_index(plain).manifest["embedder"]["examples_finetuned"] is True
+    assert Router(plain, RouterConfig(model="smollm2-135m"), embedder=tuned).reranker_name == "likelihood"
     stock = tmp_path / "stock-index"
     build_index(forge_tools, stock, embedder=embedder)
     assert load_index(stock).manifest["embedder"]["examples_finetuned"] is False

@@ -132,8 +132,8 @@ def test_routing_lso_smoke(tmp_path):
     requests routed; every request's gold tool is among the part's tools."""
     split = json.loads((ROOT / "benchmarks" / "server_splits.json").read_text())
     assert not set(split["dev"]) & set(split["train"]) and not set(split["test"]) & set(split["train"])
-    doc = nexus("bench", "routing-lso", "--part", "dev", "--embedder", "minilm", "--max-queries", "6", "--out",
-                str(tmp_path))
+    doc = nexus("bench", "routing-lso", "--part", "dev", "--embedder", "minilm", "--reranker", "none",
+                "--max-queries", "6", "--out", str(tmp_path))
     s, p = doc["summary"], doc["params"]
     assert doc["suite"] == "routing-lso" and p["part"] == "dev" and p["examples"] is None and s["n"] == 6
     assert 0 <= s["top1"]["value"] <= s["top3"]["value"] <= 1

@@ -15,7 +15,7 @@ def command(
     part: str = typer.Option("dev", "--part", help="Split part to route over: dev (settings are chosen on it) or test (reported)."),
     embedder: Optional[str] = options.embedder(),
     queries: Optional[List[str]] = typer.Option(None, "--queries", help="Request JSONL files (default: dev: the dev servers' example requests; test: the held-out query sets)."),
-    reranker: str = typer.Option("none", "--reranker", help="none (retriever and gate alone), likelihood, llm or auto."),
+    reranker: str = typer.Option("auto", "--reranker", help="auto (the product's choice for the index), none (retriever and gate alone), likelihood or llm."),
     model: Optional[str] = options.model("LLM of the likelihood / llm reranker (default qwen2.5-0.5b)."),
     registry_dir: Optional[str] = options.registry_dir(),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N requests."),

@@ -63,7 +63,7 @@ def run(
     part: str = "dev",
     embedder: str = DEFAULT_EMBEDDER,
     queries: list[str] | None = None,
-    reranker: str = "none",
+    reranker: str = "auto",
     model: str = DEFAULT_LLM,
     registry_dir: str | None = None,
     max_queries: int | None = None,
@@ -90,17 +90,18 @@ def run(
         qs = qs[:max_queries]
     if not qs:
         raise UsageError(f"no request has its gold tool among the {part} servers' tools")
-    params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
-                  queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
-                  reranker=reranker, model=model if reranker != "none" else None, max_queries=max_queries, quick=quick,
-                  examples=None)
-    models = {"embedder": model_identity(embedder, kind="embedder")}
-    if reranker != "none":
-        models["llm"] = model_identity(model)
-    run_ = Run(SUITE, params, seed=seed, models=models)
     emb = Embedder(embedder)
     router = Router(_index_for(tools, emb), RouterConfig(reranker=reranker, model=model, prefix_store=False),
                     embedder=emb)
+    used = router.reranker_name  # what `auto` resolved to for this index
+    params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
+                  queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
+                  reranker=used, reranker_option=reranker, model=model if used != "none" else None,
+                  max_queries=max_queries, quick=quick, examples=None)
+    models = {"embedder": model_identity(embedder, kind="embedder")}
+    if used != "none":
+        models["llm"] = model_identity(model)
+    run_ = Run(SUITE, params, seed=seed, models=models)
     progress.set_total(len(qs))
     rows = []
     for q in qs:

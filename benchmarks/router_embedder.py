@@ -74,7 +74,8 @@ and test servers' requests were never trained on.
 
 - Architecture: BERT, 6 layers, 384 dimensions, mean pooling, unit-norm output (as all-MiniLM-L6-v2); weights in
   float16 (`model.safetensors`, sha256 `{sha256}`); loaded as float32.
-- Training: {recipe}; {n_items} (request, tool text, hard negative) items; {steps} steps in {train_s} s on 2 CPU cores.
+- Training: {recipe}; {n_items} (request, tool text, hard negative) items; {steps} of {steps_planned} planned steps in
+  {train_s} s on 2 CPU cores{budget_note}.
 - Rebuild: `python benchmarks/router_embedder.py train` then `... export .nexus/router-train/embedder models/router-embedder`.
 
 ## Leave-servers-out figures
@@ -128,6 +129,8 @@ def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
             n_train_servers=train_report.get("servers", "?"), n_train_tools=train_report.get("tools", "?"),
             sha256=digest, recipe=json.dumps(train_report.get("recipe", RECIPE)), n_items=record.get("n_items"),
             steps=record.get("train", {}).get("steps"), train_s=record.get("train", {}).get("seconds"),
+            steps_planned=record.get("train", {}).get("steps_planned"),
+            budget_note=" (stopped on the time cap)" if record.get("train", {}).get("stopped_on_budget") else "",
             figures=figure_rows(list(figures or []))))
         atomic_write_json(tmp / "nexus-router.json", {"sha256": digest, "split": SPLITS.name, "finetune": record})
         if dst.exists():

@@ -230,6 +230,8 @@ class Run:
         self.argv = ["nexus", *sys.argv[1:]] if Path(sys.argv[0]).name in ("nexus", "cli.py") else list(sys.argv)
         self.notes: list[str] = []
         self.load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        # the tree the run measures is the one it starts on: an edit while it runs must not change its record
+        self.git_start = git_info()
 
     def note(self, text: str) -> None:
         """A remark that belongs with the numbers (a skipped cell, a reduced run, an overflow)."""
@@ -238,6 +240,7 @@ class Run:
     def document(self, summary: dict, samples: dict | None = None) -> dict:
         env = environment()
         env["cpu"]["loadavg_1m_start"] = self.load_start  # loadavg_1m is read at the end of the run
+        env["git"] = self.git_start
         return to_jsonable(
             {
                 "schema": SCHEMA,

@@ -218,6 +218,9 @@ def _headline_rows(out_dir: Path) -> list[str]:
         _ci(r["accuracy"], 1, 100) for r in s["rows"] if r["size"] in ("250", "ALL")) + " %"
         + (f" (examples: `{p['examples']}`, embedder `{Path(str(p['embedder'])).name}`)" if p.get("examples") else ""),
         "89 % at 250")
+    add("routing-lso", "routing on servers never trained on, no examples (top-1 / top-3)", lambda s, p: (
+        f"{_ci(s['top1'], 1, 100)} / {_ci(s['top3'], 1, 100)} % ({p['tools']} tools, {s['n']} requests, {p['part']})"),
+        "—")
     add("args", "specified arguments right (routed cases)", lambda s, p: _ci(s["specified_args"], 1, 100) + " %", "100 %")
     add("args", "first argument token: signature vs full schema (steady)",
         lambda s, p: _sp(s["first_arg"]["steady"]["speedup"]), "1.66x")

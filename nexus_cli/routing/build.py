@@ -31,6 +31,7 @@ from ..adapters.embedder import Embedder
 from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_RECIPE
 from ..errors import FormatError, NexusError
 from ..files import atomic_write_json, sha256_file
+from ..models import canonical_name
 from ..registry import Tool, interchangeable_groups, interchangeable_map
 from .finetune import finetune_embedder, finetune_record
 from .index import INDEX_FORMAT_VERSION, ToolEntry, recover_index_dir, swap_into_place
@@ -198,13 +199,28 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
     }
 
 
-def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_name: str = DEFAULT_EMBEDDER,
+def _embedder_name(embedder) -> str:
+    """The name (or folder) that reloads `embedder`; the default embedder's name when none is given."""
+    if embedder is None:
+        return DEFAULT_EMBEDDER
+    name = getattr(embedder, "name", None)
+    if name and canonical_name(str(name)):
+        return str(name)
+    path = getattr(embedder, "path", None)
+    return str(path) if path is not None else str(name or DEFAULT_EMBEDDER)
+
+
+def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_name: str | None = None,
                 recipe: str = DEFAULT_RECIPE, lexical: bool = True, lex_weight: float = DEFAULT_LEX_WEIGHT,
                 finetune: bool = False, finetune_options: dict | None = None,
                 value_masking: bool = DEFAULT_VALUE_MASKING, examples: dict[str, list[str]] | None = None,
                 progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
     """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional.
-    `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors."""
+    `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors.
+    `embedder_name` is what the manifest records and `nexus route` loads to embed requests; left out, it is the given
+    embedder's own model (so an index is never read with another model than the one that embedded it)."""
+    if embedder_name is None:
+        embedder_name = _embedder_name(embedder)
     if not tools:
         raise FormatError("the registry holds no tools")
     out = Path(out).expanduser().resolve()

@@ -124,10 +124,11 @@ def llama_system_info() -> str | None:
         return None
 
 
-def environment() -> dict:
-    """Everything about the machine and software a reader needs to interpret a measurement (no hostname)."""
+def environment(git: dict | None = None) -> dict:
+    """Everything about the machine and software a reader needs to interpret a measurement (no hostname); `git`, when
+    given, is the tree's state read earlier (a run's start)."""
     return {
-        "git": git_info(),
+        "git": git if git is not None else git_info(),
         "nexus": __version__,
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
@@ -238,9 +239,8 @@ class Run:
         self.notes.append(text)
 
     def document(self, summary: dict, samples: dict | None = None) -> dict:
-        env = environment()
+        env = environment(git=self.git_start)
         env["cpu"]["loadavg_1m_start"] = self.load_start  # loadavg_1m is read at the end of the run
-        env["git"] = self.git_start
         return to_jsonable(
             {
                 "schema": SCHEMA,

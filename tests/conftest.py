@@ -14,16 +14,16 @@ SHARED_REGISTRIES = (REPO.parent / "shared" / "registries").resolve()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# The likelihood reranker's prefix store (rerank.PrefixStore) goes to a directory of this test session, not the
-# user's ~/.cache; the commands the tests start inherit it.
-if "NEXUS_PREFIX_CACHE" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
+# The likelihood reranker's prefix store (rerank.PrefixStore) and the synthesized requests' cache go to directories
+# of this test session, not the user's ~/.cache; the commands the tests start inherit them.
+for _var, _prefix in (("NEXUS_PREFIX_CACHE", "nexus-test-prefixes-"), ("NEXUS_REQUESTS_CACHE", "nexus-test-requests-")):
+    if _var not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
 
-    _prefix_dir = tempfile.mkdtemp(prefix="nexus-test-prefixes-")
-    os.environ["NEXUS_PREFIX_CACHE"] = _prefix_dir
-    atexit.register(shutil.rmtree, _prefix_dir, True)
+        os.environ[_var] = tempfile.mkdtemp(prefix=_prefix)
+        atexit.register(shutil.rmtree, os.environ[_var], True)
 
 
 @pytest.fixture(scope="session")

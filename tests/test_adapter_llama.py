@@ -230,6 +230,34 @@ def test_generate_reuses_a_warm_prefix(ctx, smol):
     assert warm.tokens == cold.tokens and warm.n_prompt == 3
 
 
+def test_generate_many_matches_one_sequence_at_a_time(ctx, smol):
+    """Greedy batched generation (the prompts' shared start decoded once, one token per sequence per step): one
+    prompt alone gives exactly `generate`'s tokens; in a batch, every token of every sequence is the greedy choice
+    after its own prompt and tokens, up to float noise (a batch sums in another order: near-ties may flip, so the
+    check is against the logits, not against the tokens of a separate run). A stop callback ends a sequence."""
+    asks = ["Name one colour.", "Name one animal.", "Count from one to five."]
+    prompts = [smol.chat_tokens([{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": a}])
+               for a in asks]
+    assert prompts[0][:5] == prompts[1][:5]  # they share a start, the path that copies one sequence's cells
+    assert ctx.generate_many(prompts[:1], max_tokens=12)[0] == ctx.generate(prompts[0], max_tokens=12).tokens
+    together = ctx.generate_many(prompts, max_tokens=12)
+    assert all(ctx.seq_pos_max(s) < 0 for s in range(len(prompts)))  # the sequences are emptied afterwards
+    for p, out in zip(prompts, together):
+        assert out and len(p) + len(out) <= ctx.n_batch
+        ctx.seq_rm(0)
+        ctx.decode(p + out, 0, 0, logits_all=True)
+        for k, tok in enumerate(out):  # output row len(p) - 1 + k predicts token k (the whole thing is one chunk)
+            row = ctx.logits(len(p) - 1 + k)
+            assert row[tok] >= row.max() - 0.1, (k, tok, int(row.argmax()))
+        ctx.seq_rm(0)
+    stopped = ctx.generate_many(prompts, max_tokens=12, stop=lambda toks: len(toks) >= 2)
+    assert all(len(t) <= 2 for t in stopped) and [t[:1] for t in stopped] == [t[:1] for t in together]
+    sampled = ctx.generate_many(prompts, max_tokens=8, temperature=0.8, seed=3)
+    assert sampled == ctx.generate_many(prompts, max_tokens=8, temperature=0.8, seed=3)  # seeded: reproducible
+    with pytest.raises(ModelError):
+        ctx.generate_many(prompts + prompts, max_tokens=4)  # more prompts than sequences
+
+
 def test_context_refuses_overflow(ctx, smol):
     with pytest.raises(ModelError):
         ctx.decode([smol.tokenize("x")[0]] * 10, ctx.n_ctx - 5, 0)

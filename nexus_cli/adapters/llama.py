@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -576,6 +576,69 @@ class LlamaContext:
                 if not ptr:
                     raise ModelError("llama.cpp returned no logits for a decoded sequence")
                 out.append(np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy())
+        return out
+
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_tokens: int,
+                      stop: Callable[[list[int]], bool] | None = None, temperature: float = 0.0,
+                      top_k: int = 40, seed: int = 0) -> list[list[int]]:
+        """Generate for several prompts at once, prompt k in sequence k: every step decodes one token of each
+        unfinished sequence in a single llama_decode call, so the weights are read once per step for all of them.
+        The prompts' common start is decoded once and shared. temperature 0 is greedy; above 0, each token is sampled
+        from the top_k logits at that temperature (sequence k draws from its own generator, seeded with seed + k).
+        A sequence ends at an end-of-generation token (not returned), after max_tokens, or when `stop(tokens so far)`
+        is true; the sequences are emptied afterwards. A batch sums in another order than one sequence alone, so a
+        near-tie may go the other way than in `generate` (tests/test_adapter_llama.py checks each token against the
+        logits)."""
+        if len(prompts) > self.n_seq_max:
+            raise ModelError(f"generate_many: {len(prompts)} prompts > n_seq_max {self.n_seq_max}")
+        if any(len(p) == 0 for p in prompts):
+            raise ModelError("generate_many: a prompt has no tokens")
+        rngs = [np.random.default_rng(seed + k) for k in range(len(prompts))]
+
+        def pick(logits: np.ndarray, seq: int) -> int:
+            if temperature <= 0:
+                return int(np.argmax(logits))
+            top = np.argpartition(logits, -top_k)[-top_k:]
+            z = (logits[top] - logits[top].max()) / temperature
+            p = np.exp(z.astype(np.float64))
+            return int(top[rngs[seq].choice(len(top), p=p / p.sum())])
+
+        for seq in range(len(prompts)):
+            self.seq_rm(seq)
+        # the prompts' common start (an instruction, a worked example) is decoded once and shared by every sequence
+        n_common = 0
+        while (n_common < min(len(p) for p in prompts) - 1
+               and all(p[n_common] == prompts[0][n_common] for p in prompts)):
+            n_common += 1
+        out: list[list[int]] = [[] for _ in prompts]
+        try:
+            if n_common and len(prompts) > 1:
+                self.decode(prompts[0][:n_common], 0, seq_id=0, logits_last=False)
+                for seq in range(1, len(prompts)):
+                    self.seq_cp(0, seq)
+            else:
+                n_common = 0
+            logits = self.decode_many([(p[n_common:], n_common, seq) for seq, p in enumerate(prompts)])
+            pos = [len(p) for p in prompts]
+            active = list(range(len(prompts)))
+            while active:
+                step = []
+                for k, seq in enumerate(active):  # logits[k] belongs to the k-th sequence decoded last
+                    tok = pick(logits[k], seq)
+                    if self.model.is_eog(tok):
+                        continue
+                    out[seq].append(tok)
+                    if len(out[seq]) >= max_tokens or (stop is not None and stop(out[seq])):
+                        continue
+                    step.append(seq)
+                active = step
+                if active:
+                    logits = self.decode_many([([out[seq][-1]], pos[seq], seq) for seq in active])
+                    for seq in active:
+                        pos[seq] += 1
+        finally:
+            for seq in range(len(prompts)):
+                self.seq_rm(seq)
         return out
 
     def continuation_logprobs(self, items: Sequence[tuple[Sequence[int], int, int]]) -> list[list[float]]:

@@ -15,6 +15,7 @@ from ..config import (
     FINETUNE_EPOCHS,
     FINETUNE_EXAMPLE_POSITIVES,
     FINETUNE_ROUNDS,
+    SYNTHESIS_MODEL,
     default_index_dir,
 )
 from ..errors import NexusError, UsageError
@@ -31,6 +32,8 @@ def index_command(
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(DEFAULT_LEX_WEIGHT, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
     examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 12 become extra vectors and BM25 words, its first 4 join the reranker's prompt (repeatable)."),
+    synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Have the local LLM write example requests for every tool without --examples (cached per tool; resumes; slow: see docs/routing.md for tools per minute)."),
+    synthesize_model: str = typer.Option(SYNTHESIS_MODEL, "--synthesize-model", help="The LLM that writes the requests (a model name or GGUF path)."),
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
     finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder (on the --examples requests if given, else registry-derived ones) and store it in the index (minutes)."),
     finetune_epochs: int = typer.Option(FINETUNE_EPOCHS, "--finetune-epochs", help="Passes over the fine-tuning requests."),
@@ -50,6 +53,13 @@ def index_command(
         raise UsageError(f"--finetune-epochs must be at least 1, got {finetune_epochs}")
     if finetune_rounds not in (1, 2):
         raise UsageError(f"--finetune-rounds must be 1 or 2, got {finetune_rounds}")
+    writer = None
+    if synthesize:
+        from ..models import resolve_model
+        from ..routing.synthesize import RequestWriter
+
+        resolve_model(synthesize_model)  # a missing or damaged model is refused before any work
+        writer = RequestWriter(synthesize_model)
     tools = load_registries(registry) if registry else []
     example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])
@@ -74,7 +84,7 @@ def index_command(
                              finetune=finetune, finetune_options={"time_budget_s": finetune_budget, "epochs": finetune_epochs,
                                                "example_positives": finetune_example_positives,
                                                "rounds": finetune_rounds},
-                             value_masking=value_masking, examples=example_requests,
+                             value_masking=value_masking, examples=example_requests, synthesize=writer,
                              progress=on_progress, sources=sources)
     if as_json:
         emit_json(report.as_json())
@@ -91,6 +101,10 @@ def index_command(
         c.print(f"examples: {ex['n_requests']} requests for {ex['n_tools_with']} of {report.n_tools} tools"
                 + (f" ({ex['n_unmatched_tools']} tools named in the examples are not in this registry)"
                    if ex["n_unmatched_tools"] else ""))
+    syn = (ex or {}).get("synthesized")
+    if syn:
+        c.print(f"synthesized: {syn['n_requests']} requests for {syn['n_tools']} tools by {syn['model']} "
+                f"({syn['n_written']} written now, {syn['n_cached']} from the cache)", soft_wrap=True)
     ft = report.finetuned
     if ft:
         c.print(f"embedder: fine-tuned on {ft['n_triples']} {'example' if 'example' in ft['data'] else 'registry-derived'} "

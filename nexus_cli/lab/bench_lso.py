@@ -3,7 +3,8 @@
 The split (benchmarks/server_splits.json) keeps whole server families out of the router embedder's training: its
 dev servers choose settings, its test servers report. For one part, the index holds that part's tools only, built
 without any example request (a user's own registry nobody wrote examples for), and every request whose gold tool is
-in the part is routed as `nexus route` routes it. Reported: top-1 and top-3 with Wilson intervals, strictly and
+in the part is routed as `nexus route` routes it (with `--synthesize`, the index also holds the requests the LLM
+writes for each tool, as `nexus index --synthesize` builds it: still no hand-written example). Reported: top-1 and top-3 with Wilson intervals, strictly and
 counting a pick of the same tool on another server (interchangeable) as right, overall and for follow-ups (requests
 with a history); each request's decision is kept in the samples.
 
@@ -25,6 +26,7 @@ from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
 from ..errors import UsageError
 from ..registry import load_example_requests, load_registries
 from ..routing.router import Router, RouterConfig
+from ..routing.synthesize import RequestWriter
 from . import stats
 from .bench_routing import _index_for, gold_keys, load_queries, with_interchangeable
 from .common import NULL_PROGRESS, Progress, registry_dir_default
@@ -64,7 +66,9 @@ def run(
     embedder: str = DEFAULT_EMBEDDER,
     queries: list[str] | None = None,
     reranker: str = "auto",
+    rerank_k: int | None = None,
     model: str = DEFAULT_LLM,
+    synthesize_model: str | None = None,
     registry_dir: str | None = None,
     max_queries: int | None = None,
     seed: int = 0,
@@ -90,14 +94,18 @@ def run(
         qs = qs[:max_queries]
     if not qs:
         raise UsageError(f"no request has its gold tool among the {part} servers' tools")
+    # with synthesize_model, the LLM writes requests for the part's tools as `nexus index --synthesize` does (cached)
+    writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
-    router = Router(_index_for(tools, emb), RouterConfig(reranker=reranker, model=model, prefix_store=False),
-                    embedder=emb)
+    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, model=model, prefix_store=False)
+    router = Router(_index_for(tools, emb, synthesize=writer), config, embedder=emb)
+    synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
     params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
                   reranker=used, reranker_option=reranker, model=model if used != "none" else None,
-                  max_queries=max_queries, quick=quick, examples=None)
+                  rerank_k=router.rerank_k if used != "none" else None,
+                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":
         models["llm"] = model_identity(model)

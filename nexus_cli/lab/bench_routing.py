@@ -145,15 +145,18 @@ def _embedder_key(embedder) -> str:
                        "weights": stamp})
 
 
-def _index_for(tools, embedder, examples: dict | None = None) -> Path:
+def _index_for(tools, embedder, examples: dict | None = None, synthesize=None) -> Path:
+    """A cached index of `tools`; `synthesize` (a synthesize.RequestWriter) builds it as `nexus index --synthesize`."""
     parts = sorted(t.content_hash() for t in tools)
     parts.append(_embedder_key(embedder))  # a cached index is only as good as the model that embedded it
     if examples:  # the examples this registry uses are part of what the index is
         parts.append(json.dumps(match_examples(tools, examples)[0], ensure_ascii=False))
+    if synthesize is not None:  # and so are the requests written for it (read back from the writer's cache)
+        parts.append(json.dumps(synthesize.write(tools)[0], ensure_ascii=False, sort_keys=True))
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
-        build_index(tools, path, embedder=embedder, examples=examples)
+        build_index(tools, path, embedder=embedder, examples=examples, synthesize=synthesize)
     return path
 
 

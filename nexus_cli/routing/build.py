@@ -214,9 +214,11 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 recipe: str = DEFAULT_RECIPE, lexical: bool = True, lex_weight: float = DEFAULT_LEX_WEIGHT,
                 finetune: bool = False, finetune_options: dict | None = None,
                 value_masking: bool = DEFAULT_VALUE_MASKING, examples: dict[str, list[str]] | None = None,
+                synthesize=None,
                 progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
     """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional.
     `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors.
+    `synthesize` (a synthesize.RequestWriter) writes example requests for the tools `examples` does not cover.
     `embedder_name` is what the manifest records and `nexus route` loads to embed requests; left out, it is the given
     embedder's own model (so an index is never read with another model than the one that embedded it)."""
     if embedder_name is None:
@@ -242,7 +244,16 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     entries = compile_specs(tools)
     secs["schemas"] = time.perf_counter() - t0
 
+    synth_info = None
+    if synthesize is not None:
+        t0 = time.perf_counter()
+        uncovered = [t for t in tools if not (examples or {}).get(t.key)]
+        written, synth_info = synthesize.write(uncovered, progress=report_progress)
+        examples = {**(examples or {}), **{k: v for k, v in written.items() if v}}
+        secs["synthesize"] = time.perf_counter() - t0
     tool_examples, examples_info = match_examples(tools, examples)
+    if examples_info is not None:
+        examples_info["synthesized"] = synth_info
     for entry, own in zip(entries, tool_examples):
         entry.examples = list(own)
     ft_info = None

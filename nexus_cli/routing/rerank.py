@@ -20,11 +20,6 @@ from ..prefix_store import PrefixStore
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
 # decoded once per candidate): over the top 5 it reached the same top-1 as over the top 10 at half the cost, and
 # scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5 (docs/routing.md).
-
-
-# Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
-# decoded once per candidate): over the top 5 it reached the same top-1 as over the top 10 at half the cost, and
-# scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5 (docs/routing.md).
 RERANK_K = {"likelihood": 4, "llm": 10}
 
 

@@ -57,7 +57,9 @@ def _git(*args: str) -> str | None:
 
 def git_info() -> dict:
     sha = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results/ holds what runs write (each suite's latest.json), never what a run reads: a run after another is as
+    # clean as the one before it
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return {"sha": sha, "short": sha[:8] if sha else None, "dirty": bool(status) if status is not None else None}
 
 

@@ -55,11 +55,9 @@ def index_command(
         raise UsageError(f"--finetune-rounds must be 1 or 2, got {finetune_rounds}")
     writer = None
     if synthesize:
-        from ..models import resolve_model
         from ..routing.synthesize import RequestWriter
 
-        resolve_model(synthesize_model)  # a missing or damaged model is refused before any work
-        writer = RequestWriter(synthesize_model)
+        writer = RequestWriter(synthesize_model)  # a missing or damaged model is refused here, before any work
     tools = load_registries(registry) if registry else []
     example_requests = load_example_requests(examples) if examples else None
     sources = list(registry or [])

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from .. import textgen
 from ..config import models_dir
 from ..files import atomic_write_json
+from ..models import resolve_model
 
 # Bumped whenever the prompt changes, so answers to an older prompt are written again.
 PROMPT_REVISION = 1
@@ -164,6 +165,7 @@ class RequestWriter:
         from ..adapters.llama import LlamaContext, load_model  # lazy: the model loads only when a tool needs it
 
         self._load = lambda: LlamaContext(load_model(model), n_ctx=batch * 768, n_batch=2048, n_seq_max=batch)
+        self._path = resolve_model(model)  # a missing or damaged model is refused here, before any work
         self._ctx = None
         self.model = model
         self.batch = batch
@@ -176,9 +178,12 @@ class RequestWriter:
         return self._ctx
 
     def cache_dir(self) -> Path:
+        """Keyed by the GGUF's sha256 (remembered per file by the adapter), so a re-index whose tools are all cached
+        never loads the model."""
         if self._cache_dir is None:
-            fp = self.ctx.identity.sha256[:16]
-            self._cache_dir = cache_root() / fp
+            from ..adapters.llama import file_sha256
+
+            self._cache_dir = cache_root() / file_sha256(self._path)[:16]
         return self._cache_dir
 
     def write(self, tools: Sequence, progress: Callable[[str, int, int], None] | None = None) -> tuple[dict, dict]:

@@ -34,4 +34,5 @@ def serve_command(
     stderr_console().print(
         f"[dim]nexus serve: {info.tools} tools of {info.servers} servers · "
         f"{'arguments by ' + info.model if info.with_args else 'routing only'} · MCP over stdio[/]", highlight=False)
-    stage.serve_stdio(service)
+    err = stderr_console()
+    stage.serve_stdio(service, log=lambda line: err.print(f"[dim]{line}[/]", highlight=False, soft_wrap=True))

@@ -251,18 +251,13 @@ def build_server(service: NexusService):
         on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
 
-def serve_stdio(service: NexusService) -> None:
-    """Run the MCP server on stdin/stdout until the client closes the stream."""
-    import anyio
-    from mcp.server.stdio import stdio_server
+def serve_stdio(service: NexusService, log=None) -> dict:
+    """Run the MCP server on stdin/stdout until the client closes the stream or SIGTERM/SIGINT arrives (requests in
+    flight are finished first); the transport is stdio.py's, which answers malformed and oversized frames."""
+    from . import stdio
 
     server = build_server(service)
-
-    async def main() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
-
-    anyio.run(main)
+    return stdio.serve(server, server.create_initialization_options(), log=log)
 
 
 def make_service(index: str, registry: Sequence[str] | None, model: str, with_args: bool, threads: int | None = None,

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .audit import sanitize_text
 from .errors import SchemaError
 
 MAX_DEPTH = 48  # nesting of a schema we are willing to walk
@@ -464,7 +465,8 @@ def _render(name: str, s: dict, descriptions: bool, multiline: bool, drop_desc: 
     parts = []
     for k, v, req in _ordered_props(s):
         item = f"{k}{'' if req else '?'}: {type_text(v)}"
-        desc = _first_sentence(v.get("description")) if descriptions and isinstance(v, dict) else ""
+        # sanitized here too: a registry read at run time (--registry) reaches the argument prompt through this line
+        desc = _first_sentence(sanitize_text(v.get("description"))) if descriptions and isinstance(v, dict) else ""
         if desc and not (drop_desc and k in drop_desc):
             item += f"  // {desc}" if multiline else f" /* {desc} */"
         parts.append(item)

@@ -2,7 +2,7 @@
 
 import typer
 
-from . import bench_args, bench_deep_splice, bench_l0, bench_lso, bench_routing, bench_serve, bench_slb
+from . import bench_args, bench_deep_splice, bench_l0, bench_lso, bench_poisoning, bench_routing, bench_serve, bench_slb
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
@@ -18,3 +18,4 @@ app.command("args", help="Argument fidelity and first-argument latency against f
 )
 app.command("l0", help="L0 exact-token radix arena: warm-hit rate and copy latency.")(bench_l0.command)
 app.command("serve", help="nexus serve under hostile clients: mixed bad frames, SIGTERM under load, memory.")(bench_serve.command)
+app.command("poisoning", help="Hostile servers in the registry: requests stolen, defences off and on.")(bench_poisoning.command)

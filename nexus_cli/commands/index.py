@@ -40,8 +40,11 @@ def index_command(
     finetune_example_positives: bool = typer.Option(FINETUNE_EXAMPLE_POSITIVES, "--finetune-example-positives/--no-finetune-example-positives", help="With --examples, also pair each example request with another of its tool (doubles the training time)."),
     finetune_rounds: int = typer.Option(FINETUNE_ROUNDS, "--finetune-rounds", help="With --examples: 2 adds one pass from the fine-tuned model, its hard negatives mined by that model (1 or 2)."),
     finetune_budget: float = typer.Option(FINETUNE_BUDGET_S, "--finetune-budget", help="Fine-tuning time budget in seconds (a cap)."),
+    quarantine: bool = typer.Option(False, "--quarantine/--no-quarantine", help="Leave out the tools the audit finds hostile (text addressed to the model, hidden characters, look-alike names, keyword stuffing); without it they are indexed, sanitized, with a warning."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
 ) -> None:
+    from rich.markup import escape
+
     from ..routing.build import build_index  # lazy: `nexus --help` stays fast
     from ..serving import mcp_client  # lazy: `nexus --help` stays fast
 
@@ -83,7 +86,7 @@ def index_command(
                                                "example_positives": finetune_example_positives,
                                                "rounds": finetune_rounds},
                              value_masking=value_masking, examples=example_requests, synthesize=writer,
-                             progress=on_progress, sources=sources)
+                             quarantine=quarantine, progress=on_progress, sources=sources)
     if as_json:
         emit_json(report.as_json())
         return
@@ -115,4 +118,14 @@ def index_command(
                 f"entries, e.g. {' = '.join(report.interchangeable[0])}); the gate does not count a copy as a rival")
     if report.problems:
         c.print(f"[yellow]{len(report.problems)} tools with schema notes[/] (see tools.json)")
+    if report.suspicious:
+        out_of = set(report.quarantined)
+        c.print(f"[yellow]{len(report.suspicious)} suspicious tools[/]"
+                + (f", {len(out_of)} quarantined (left out)" if out_of else
+                   " (indexed with their descriptions sanitized; --quarantine leaves out the hostile ones)"))
+        for key, lines in list(report.suspicious.items())[:8]:
+            c.print(f"  {'[red]quarantined[/] ' if key in out_of else ''}{escape(key)}: {escape(lines[0])}",
+                    soft_wrap=True, highlight=False)
+        if len(report.suspicious) > 8:
+            c.print(f"  … {len(report.suspicious) - 8} more (nexus index --json, or manifest.json \"audit\")")
     c.print(f"[dim]{report.seconds['total']:.1f} s[/]")

@@ -368,12 +368,14 @@ def hostile_load(serve_args: list[str], tools, clients: int = CLIENTS, requests:
         pool = route_requests(tools, pool_size, seed)
         reference = _references(server, pool)
         base = server.n_answers
-        rss = {"after_references_kb": rss_kb(server.pid)}
+        rss = {"after_references_kb": rss_kb(server.pid), "trajectory": []}
         marks = {"first": base + rss_after}
 
         def on_answer(n: int) -> None:
             if n == marks.get("first"):
                 rss["after_first_kb"] = rss_kb(server.pid)
+            if (n - base) % rss_after == 0:  # the curve: a plateau or a leak
+                rss["trajectory"].append([n - base, rss_kb(server.pid)])
             if progress is not None:
                 progress.advance("answers")
 

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import __version__, kernels, schema, textgen
+from .. import __version__, audit, kernels, schema, textgen
 from ..adapters.embedder import Embedder
 from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_RECIPE
 from ..errors import FormatError, NexusError
@@ -72,6 +72,8 @@ class BuildReport:
     finetuned: dict | None = None
     examples: dict | None = None
     interchangeable: list[list[str]] = field(default_factory=list)  # groups of the same tool on several servers
+    suspicious: dict = field(default_factory=dict)  # tool key -> audit finding lines (audit.audit_tools)
+    quarantined: list[str] = field(default_factory=list)  # tool keys left out (--quarantine)
 
     def as_json(self) -> dict:
         return {
@@ -79,6 +81,7 @@ class BuildReport:
             "dim": self.dim, "gate": {"tau": self.tau, "fire_rate": self.fire_rate},
             "seconds": self.seconds, "schema_problems": self.problems,
             "finetuned": self.finetuned, "examples": self.examples, "interchangeable": self.interchangeable,
+            "suspicious": self.suspicious, "quarantined": self.quarantined,
         }
 
 
@@ -214,17 +217,27 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 recipe: str = DEFAULT_RECIPE, lexical: bool = True, lex_weight: float = DEFAULT_LEX_WEIGHT,
                 finetune: bool = False, finetune_options: dict | None = None,
                 value_masking: bool = DEFAULT_VALUE_MASKING, examples: dict[str, list[str]] | None = None,
-                synthesize=None,
+                synthesize=None, quarantine: bool = False, sanitize: bool = True,
                 progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
     """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional.
     `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors.
     `synthesize` (a synthesize.RequestWriter) writes example requests for the tools `examples` does not cover.
     `embedder_name` is what the manifest records and `nexus route` loads to embed requests; left out, it is the given
-    embedder's own model (so an index is never read with another model than the one that embedded it)."""
+    embedder's own model (so an index is never read with another model than the one that embedded it).
+    Every tool is audited (audit.audit_tools): `quarantine` leaves out the tools with a quarantine finding; the index
+    holds sanitized descriptions (audit.sanitize_tool) unless `sanitize` is off (measurement only)."""
     if embedder_name is None:
         embedder_name = _embedder_name(embedder)
     if not tools:
         raise FormatError("the registry holds no tools")
+    findings = audit.audit_tools(tools)
+    left_out = sorted(audit.quarantined(findings)) if quarantine else []
+    if left_out:
+        tools = [t for t in tools if t.key not in set(left_out)]
+        if not tools:
+            raise FormatError(f"--quarantine left no tools: all {len(left_out)} were suspicious")
+    if sanitize:
+        tools = [audit.sanitize_tool(t) for t in tools]
     out = Path(out).expanduser().resolve()
     recover_index_dir(out)
     if out.exists() and not out.is_dir():
@@ -372,6 +385,9 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                           "request": "mean of the fused scores of the request and of the request with its values "
                                      "masked (textgen.mask_values)" if value_masking else "the request as written"},
             "gate": gate,
+            "audit": {"sanitized": bool(sanitize), "quarantine": bool(quarantine), "n_suspicious": len(findings),
+                      "quarantined": left_out,
+                      "findings": {k: [f.as_json() for f in fs] for k, fs in findings.items()}},
             "schema_failures": sum(1 for e in entries if not e.ok),
             "files": files,
         }
@@ -390,4 +406,5 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                        seconds={k: round(v, 3) for k, v in secs.items()},
                        problems={e.key: e.problems for e in entries if e.problems},
                        finetuned=ft_info, examples=examples_info,
-                       interchangeable=[[tools[i].key for i in g] for g in interchangeable_groups(tools)])
+                       interchangeable=[[tools[i].key for i in g] for g in interchangeable_groups(tools)],
+                       suspicious={k: [f.line() for f in fs] for k, fs in findings.items()}, quarantined=left_out)

@@ -144,6 +144,9 @@ class NexusService:
             self._by_key[t.key] = t
         for e in self.index.tools:
             self._by_key.setdefault(e.key, e)
+        from ..audit import audit_tools  # what get_tool_schema warns about (a hostile server's own text)
+
+        self._warnings = {k: [f.line() for f in fs] for k, fs in audit_tools(list(self._by_key.values())).items()}
         self._by_name: dict[str, list[str]] = {}
         for key in self._by_key:
             server, name = key.split("/", 1)
@@ -176,7 +179,10 @@ class NexusService:
                                   "pass 'server'")
             key = keys[0]
         t = self._by_key[key]
-        return {"server": t.server, "name": t.name, "description": t.description, "inputSchema": t.input_schema}
+        out = {"server": t.server, "name": t.name, "description": t.description, "inputSchema": t.input_schema}
+        if key in self._warnings:  # the schema is the server's own; say what in it looks hostile
+            out["warnings"] = self._warnings[key]
+        return out
 
     def _suggest(self, text: str, names: bool = False) -> str:
         pool = list(self._by_name) if names else list(self._by_key)
@@ -228,6 +234,11 @@ def build_server(service: NexusService):
     async def on_list_tools(ctx, params):  # noqa: ARG001
         return types.ListToolsResult(tools=tools)
 
+    # One worker thread at a time: the engine runs one request at a time anyway (its lock), and a pool of threads each
+    # allocating in its own malloc arena let the resident memory creep up under 8 concurrent clients
+    # (docs/reliability.md, "Hostile clients").
+    engine_slot = anyio.CapacityLimiter(1)
+
     async def on_call_tool(ctx, params):  # noqa: ARG001
         name = getattr(params, "name", None)
         args = getattr(params, "arguments", None)
@@ -237,7 +248,7 @@ def build_server(service: NexusService):
             if name not in (ROUTE_TOOL, SCHEMA_TOOL):
                 result = service.call(name, args)  # raises the unknown-tool ClientError
             else:
-                result = await anyio.to_thread.run_sync(service.call, name, args)
+                result = await anyio.to_thread.run_sync(service.call, name, args, limiter=engine_slot)
         except BaseException as e:  # noqa: BLE001 - one request's failure never takes the server down
             if isinstance(e, (KeyboardInterrupt, SystemExit, anyio.get_cancelled_exc_class())):
                 raise

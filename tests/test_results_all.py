@@ -21,7 +21,13 @@ def test_unknown_suite_is_a_usage_error(tmp_path):
 
 
 def test_order_covers_every_suite():
-    assert results_all.ORDER == ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args"]
+    from nexus_cli.commands.bench import app
+
+    assert results_all.ORDER == ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning"]
+    from nexus_cli.lab import summary as results_summary
+
+    assert {s for s, _ in results_summary.SECTIONS} >= set(results_all.ORDER)
+    assert {c.name for c in app.registered_commands} >= set(results_all.ORDER) - {"dkl", "gate"}
 
 
 def test_summary_of_an_empty_tree(tmp_path):

@@ -23,7 +23,9 @@ from . import (
     bench_args,
     bench_deep_splice,
     bench_l0,
+    bench_poisoning,
     bench_routing,
+    bench_serve,
     bench_slb,
     common,  # noqa: F401 - sets OMP_WAIT_POLICY before any OpenMP library loads
     sweep_dkl,
@@ -33,7 +35,10 @@ from .common import Progress
 from .results import environment, write_json_doc
 
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
-ORDER = ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args"]
+ORDER = ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning"]
+SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
+               "embedder": "minilm"}
+POISONING_QUICK = {"attacks": ("instructions", "shadow-exact"), "reranker": "none", "max_queries": 20}
 
 
 def _progress(label: str):
@@ -75,6 +80,10 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
             if quick:
                 kw["model"] = TEST_LLM
             doc = bench_args.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "serve":
+            doc = bench_serve.run(out_dir=str(out), progress=prog, **(SERVE_QUICK if quick else {}))
+        elif suite == "poisoning":
+            doc = bench_poisoning.run(out_dir=str(out), progress=prog, **(POISONING_QUICK if quick else {}))
         else:
             raise ValueError(f"unknown suite {suite}")
     return {"ok": True, "doc": doc}

@@ -189,6 +189,35 @@ def l0(doc) -> list[str]:
             f"Warm-hit rate {_ci(s['hit_rate'], 1, 100)} % (paper 69.5 %)."]
 
 
+def serve(doc) -> list[str]:
+    s = doc["summary"]
+    load, term, gone = s["load"], s["sigterm"], s["disconnect"]
+    g = load["rss_growth_after_first"]
+    return ["### nexus serve under hostile clients", "", f"_{_machine(doc)}_", "",
+            f"{load['clients']} clients x {load['requests_per_client']} requests (valid calls mixed with malformed, "
+            f"oversized and unknown frames, bad arguments, cancellations): {load['sent']} sent, {load['correct']} "
+            f"answered as expected, {load['n_failures']} failures; VmRSS after {load['rss_after_first_n']} answers "
+            f"{(load['rss'].get('after_first_kb') or 0) / 1024:.1f} MB, after all "
+            f"{(load['rss'].get('after_all_kb') or 0) / 1024:.1f} MB ({'—' if g is None else f'{g * 100:+.2f} %'}). "
+            f"SIGTERM under load: exit {term['exit_code']} in {term['seconds_to_exit']:.2f} s, "
+            f"{term['n_failures']} wrong answers. Client gone mid-request: exit {gone['exit_code']}."]
+
+
+def poisoning(doc) -> list[str]:
+    s = doc["summary"]
+    rows = ["### Hostile servers in the registry", "", f"_{_machine(doc)}_", "",
+            f"Baseline top-1 {_ci(s['baseline']['top1'], 1, 100)} % over {s['baseline']['n']} requests "
+            f"(reranker {s['baseline']['reranker']}).", "",
+            "| attack | hostile tools | quarantined | stolen, defences off | stolen, on | top-1 off | top-1 on | "
+            "prompts carrying instructions off / on |", "|---|---|---|---|---|---|---|---|"]
+    for attack, c in s["attacks"].items():
+        off, on = c["off"], c["on"]
+        rows.append(f"| {attack} | {len(c['hostile_tools'])} | {len(c['quarantined'])} | {off['stolen']} | "
+                    f"{on['stolen']} | {_ci(off['top1'], 1, 100)} | {_ci(on['top1'], 1, 100)} | "
+                    f"{len(off['prompt_leaks'])} / {len(on['prompt_leaks'])} |")
+    return rows
+
+
 def _dirty(doc) -> str:
     """A mark for a run a reader should not trust as published: a dirty tree or a loaded machine."""
     git = doc["environment"]["git"]
@@ -237,6 +266,10 @@ def _headline_rows(out_dir: Path) -> list[str]:
         f"{r['cpp_us_p50']:.2f} µs / {r['python_us_p50']:.2f} µs"))(next(r for r in s["sizes"] if r["n"] == 250)),
         "8.25 µs / 17.6 µs")
     add("l0", "L0 arena warm-hit rate", lambda s, p: _ci(s["hit_rate"], 1, 100) + " %", "69.5 %")
+    add("poisoning", "requests one hostile server steals (worst attack), defences on / off", lambda s, p: (
+        f"{s['worst_stolen_on']} / {s['worst_stolen_off']} of {s['baseline']['n']}"), "—")
+    add("serve", "nexus serve, 8 hostile clients: wrong or lost answers, memory 1k → 10k requests", lambda s, p: (
+        f"{s['load']['n_failures']} of {s['load']['sent']}, {s['load']['rss_growth_after_first'] * 100:+.1f} %"), "—")
     return rows
 
 
@@ -248,7 +281,7 @@ def headline(out_dir: Path) -> str:
 
 
 SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing), ("args", args),
-            ("slb", slb), ("l0", l0)]
+            ("slb", slb), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
 
 
 def render(out_dir: Path) -> str:

@@ -34,7 +34,8 @@ def test_required_fields(tmp_path):
     assert doc["summary"]["acc"]["method"] == "wilson"
     assert doc["summary"]["nan"] is None  # NaN is written as null: strict JSON
     assert doc["summary"]["arr"] == [0, 1, 2]
-    assert doc["notes"] == ["a note"]
+    assert doc["notes"][0] == "a note"  # (a load-average note may follow on a busy machine)
+    assert doc["publishable"] == (not env["git"]["dirty"])
 
 
 def test_files_written_atomically(tmp_path):
@@ -93,3 +94,21 @@ def test_model_identity_smollm2():
     ident = results.model_identity("smollm2-135m")
     assert ident["sha256"] == MODELS["smollm2-135m"].sha256 and ident["size"] == MODELS["smollm2-135m"].size
     assert ident["name"] == "smollm2-135m"
+
+
+def test_a_dirty_tree_never_replaces_the_published_latest(tmp_path, monkeypatch):
+    """Into the published results folder, a run from a dirty tree keeps its own file but leaves latest.json alone;
+    from a clean tree it replaces it."""
+    monkeypatch.setattr(results, "PUBLISHED_RESULTS", tmp_path)
+    clean = results.Run("unit-suite", params={}, models={})
+    clean.git_start = {"sha": "a" * 40, "short": "aaaaaaaa", "dirty": False}
+    first = clean.write({"x": 1}, out_dir=tmp_path)
+    assert first["publishable"] and (tmp_path / "unit-suite" / "latest.json").is_file()
+    dirty = results.Run("unit-suite", params={}, models={})
+    dirty.started += 2  # a later timestamp
+    dirty.git_start = {"sha": "b" * 40, "short": "bbbbbbbb", "dirty": True}
+    second = dirty.write({"x": 2}, out_dir=tmp_path)
+    assert second["publishable"] is False and "latest" not in second["files"]
+    assert json.loads((tmp_path / "unit-suite" / "latest.json").read_text())["summary"] == {"x": 1}
+    stamped = json.loads(open(second["files"]["json"]).read())
+    assert stamped["summary"] == {"x": 2} and stamped["publishable"] is False

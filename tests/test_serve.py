@@ -50,6 +50,10 @@ async def _session_calls(params, calls, errlog):
                 listed = await session.list_tools()
                 names = [t.name for t in listed.tools]
                 for name, arguments in calls:
+                    if name == "__ping__":  # the SDK's own ping request
+                        await session.send_ping()
+                        out.append((False, "pong"))
+                        continue
                     res = await session.call_tool(name, arguments)
                     text = "".join(getattr(c, "text", "") for c in res.content)
                     out.append((bool(res.is_error), text))
@@ -85,6 +89,7 @@ def test_serve_routes_fetches_schemas_and_survives_bad_inputs(forge_index, tmp_p
         # and the server still serves
         ("route_request", {"request": "list the open pull requests of octo/widgets",
                            "history": [{"role": "user", "content": "hello"}]}),
+        ("__ping__", None),
     ]
     names, out = _run(_params("--index", str(forge_index), "--registry", str(FORGE), "--no-args"), calls, tmp_path)
     assert sorted(names) == ["get_tool_schema", "route_request"]
@@ -116,6 +121,7 @@ def test_serve_routes_fetches_schemas_and_survives_bad_inputs(forge_index, tmp_p
 
     err, text = out[13]
     assert not err and json.loads(text)["tool"] == "list_pull_requests"
+    assert out[14] == (False, "pong")
 
 
 def test_serve_with_arguments(forge_index, tmp_path):

@@ -10,6 +10,10 @@ Writes are atomic: each file is written to a temporary name in the same folder, 
 place, so a reader (or a crashed run) never sees half a file. `latest.json` is a copy of the newest timestamped file,
 not a symlink (symlinks do not survive every checkout).
 
+What the README and docs publish comes from `results/<suite>/latest.json`, so a run into the repository's own
+results/ from a dirty tree keeps its timestamped file (marked `"publishable": false`) but leaves latest.json as it was;
+a run whose load average exceeded the cores says so in its notes and on stderr (re-take it on an idle machine).
+
     from .results import Run
     run = Run("deep-splice", params={...}, seed=0, models={"llm": model_identity("qwen2.5-0.5b")})
     ...                                   # measure
@@ -38,6 +42,7 @@ SCHEMA = "nexus-results/1"
 # llama-cpp-python 0.3.36 vendors llama.cpp at this commit (see ../shared/design/llama-state.md); the installed
 # package carries no commit string of its own, so it is recorded from the documented pin.
 LLAMA_CPP_VENDORED_COMMIT = "0c1e5709"
+PUBLISHED_RESULTS = REPO_ROOT / "results"  # the folder whose latest.json files the README and docs cite
 
 
 def utc_stamp(t: float | None = None) -> str:
@@ -269,10 +274,20 @@ class Run:
     ) -> dict:
         """Write results/<suite>/<suite>-<stamp>.json, latest.json and (if `figure`) latest.png. Returns the document
         with its paths under "files"."""
+        cores = os.cpu_count() or 1
+        load = max(x for x in (self.load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, 0.0)
+                   if x is not None)
+        if load > cores:
+            self.note(f"load average {load:.1f} over {cores} cores during the run: timings are not publishable; "
+                      "re-take it on an idle machine")
+            sys.stderr.write(f"warning: the load average reached {load:.1f} on {cores} cores during this run\n")
         doc = self.document(summary, samples)
         folder = suite_dir(out_dir, self.suite)
         stamp = utc_stamp(self.started)
         path = folder / f"{self.suite}-{stamp}.json"
+        dirty = bool((self.git_start or {}).get("dirty"))
+        published_folder = folder.resolve().parent == Path(PUBLISHED_RESULTS).resolve()
+        doc["publishable"] = not dirty
         files = {"json": str(path), "latest": str(folder / "latest.json")}
         png = None
         if figure is not None:
@@ -284,7 +299,12 @@ class Run:
                 plt.close(fig)
                 files["png"] = str(png)
         write_json_doc(path, doc)
-        write_json_doc(folder / "latest.json", doc)
+        if dirty and published_folder:
+            files.pop("latest")
+            sys.stderr.write(f"warning: the tree was dirty when this run started: {path.name} is kept, "
+                             f"{self.suite}/latest.json (what the docs publish) is left as it was\n")
+        else:
+            write_json_doc(folder / "latest.json", doc)
         doc["files"] = files
         return doc
 

@@ -160,3 +160,29 @@ def test_service_validation_unit():
     assert serve_stage.validate_route_args({"request": "a"}) == ("a", None)
     assert serve_stage.validate_schema_args({"tool": " t ", "server": "s"}) == ("t", "s")
     assert "internal error: ValueError" in serve_stage.error_line(ValueError("boom\nsecond line"))
+
+
+def test_sdk_client_cancels_a_call_and_the_session_goes_on(forge_index, tmp_path):
+    """The SDK client abandons a route_request (it sends notifications/cancelled); the server drops it and keeps
+    serving the same session: the next call and a ping are answered."""
+    from mcp import ClientSession
+    from mcp.client.stdio import stdio_client
+
+    async def session_run(errlog):
+        params = _params("--index", str(forge_index), "--registry", str(FORGE), "--no-args")
+        with anyio.fail_after(600):
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    with anyio.move_on_after(0.001) as scope:
+                        await session.call_tool("route_request", {"request": "list the open issues of acme/api"})
+                    res = await session.call_tool("route_request", {"request": "close issue 12 in acme/api"})
+                    await session.send_ping()
+                    return scope.cancelled_caught, res
+
+    log = tmp_path / "server-stderr.log"
+    with open(log, "w+") as errlog:
+        cancelled, res = anyio.run(session_run, errlog)
+    assert cancelled
+    assert not res.is_error and json.loads(res.content[0].text)["tool"] == "close_issue"
+    assert "Traceback" not in log.read_text()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -79,35 +80,56 @@ class ServerProcess:
         self.n_answers = 0
         self.on_answer = None  # called with the running count of answers
         self.closed = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
+        """Answers off the raw pipe with a poll, never inside a buffered read: a buffered read holds the file's lock,
+        and closing the pipe to play a client that goes away would then wait for the next answer forever."""
+        fd = self.proc.stdout.fileno()
+        pending = b""
         try:
-            self._read_lines()
-        except (ValueError, OSError):  # the test closed the pipe itself (a client that goes away)
+            while not self._stop.is_set():
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if not ready:
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                pending += data
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    self._answer(line)
+        except (OSError, ValueError):
             pass
         self.closed.set()
 
-    def _read_lines(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                self.unexpected.append(line[:200].decode("utf-8", "replace"))
-                continue
-            key = str(msg.get("id")) if msg.get("id") is not None else None
-            with self._lock:
-                self.n_answers += 1
-                n = self.n_answers
-                if key is None:
-                    self.null_id_errors.append(msg)
-                else:
-                    self.answers[key] = msg
-                    ev = self._waiting.get(key)
-                    if ev is not None:
-                        ev.set()
-            if self.on_answer is not None:
-                self.on_answer(n)
+    def _answer(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self.unexpected.append(line[:200].decode("utf-8", "replace"))
+            return
+        key = str(msg.get("id")) if msg.get("id") is not None else None
+        with self._lock:
+            self.n_answers += 1
+            n = self.n_answers
+            if key is None:
+                self.null_id_errors.append(msg)
+            else:
+                self.answers[key] = msg
+                ev = self._waiting.get(key)
+                if ev is not None:
+                    ev.set()
+        if self.on_answer is not None:
+            self.on_answer(n)
+
+    def stop_reading(self) -> None:
+        """Close our end of the server's stdout, as a client that went away does."""
+        self._stop.set()
+        self._reader.join(5)
+        self.proc.stdout.close()
 
     def send_raw(self, data: bytes) -> bool:
         with self._write_lock:
@@ -476,7 +498,7 @@ def disconnect_mid_request(serve_args: list[str], tools, seed: int = 2) -> dict:
         for j, q in enumerate(route_requests(tools, 8, seed)):
             server.send({"jsonrpc": "2.0", "id": f"gone-{j}", "method": "tools/call",
                          "params": {"name": "route_request", "arguments": {"request": q}}})
-        server.proc.stdout.close()  # stop reading: the answers hit a closed pipe
+        server.stop_reading()  # the answers hit a closed pipe
         t0 = time.perf_counter()
         try:
             server.proc.stdin.close()

@@ -337,7 +337,10 @@ def serve(server, init_options, limit: int = MAX_FRAME_BYTES, drain_seconds: flo
 
     anyio.run(main)
     if log is not None:
-        log(f"nexus serve: stopped ({stats.get('reason')}); {stats.get('requests', 0)} requests, "
-            f"{stats.get('answered', 0)} answered, {stats.get('errors_sent', 0)} bad frames answered with an error, "
-            f"{stats.get('cancelled', 0)} cancelled by the client, {stats.get('unfinished', 0)} unfinished")
+        def n(key: str, word: str) -> str:
+            v = stats.get(key, 0)
+            return f"{v} {word}" if v == 1 else f"{v} {word}s"
+        log(f"nexus serve: stopped ({stats.get('reason')}); {n('requests', 'request')}, {stats.get('answered', 0)} "
+            f"answered, {n('errors_sent', 'bad frame')} answered with an error, {stats.get('cancelled', 0)} cancelled "
+            f"by the client, {stats.get('unfinished', 0)} unfinished")
     return stats

@@ -466,3 +466,26 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
     first, second = res.candidates[:2]
     assert {first.server, second.server} == {"forge", "forge-mirror"} and first.tool == second.tool
     assert first.rerank_score == second.rerank_score is not None
+
+
+def test_arguments_that_fail_validation_come_back_null_with_the_reason(router, monkeypatch):
+    """A final failure is never passed off as arguments: `{}` or a partial object that fails the schema becomes null,
+    the reasons in args_error (nexus route then exits 1)."""
+    from nexus_cli.arguments.pipeline import ArgsResult
+    from nexus_cli.routing import router as router_mod
+
+    def failing(*_a, **_k):
+        return ArgsResult(arguments={}, raw="{}", valid=False, errors=["missing required 'owner'"])
+
+    monkeypatch.setattr(router_mod, "generate_arguments", failing)
+    monkeypatch.setattr(router, "llm", lambda: None)
+    monkeypatch.setattr(router, "argument_prefixes", lambda: None)
+    d = router.route("close issue 7 in acme/web").as_json()
+    assert d["arguments"] is None and d["args_error"] == "missing required 'owner'"
+
+    def fine(*_a, **_k):
+        return ArgsResult(arguments={"owner": "acme", "repo": "web", "issue_number": 7}, raw="", valid=True)
+
+    monkeypatch.setattr(router_mod, "generate_arguments", fine)
+    d = router.route("close issue 7 in acme/web").as_json()
+    assert d["arguments"] == {"owner": "acme", "repo": "web", "issue_number": 7} and "args_error" not in d

@@ -100,6 +100,8 @@ def route_command(
             emit_json(turn.as_json())
         else:
             _render(query, turn.route, with_args=not no_args)
+        if not no_args and turn.route.args_error:
+            raise typer.Exit(1)  # "arguments": null above; a script must not take the turn for a call it can make
         return
 
     if batch is None and (query is None or not query.strip()):
@@ -123,8 +125,10 @@ def route_command(
     res = router.route(query, history=hist, with_args=not no_args)
     if as_json:
         emit_json(res.as_json())
-        return
-    _render(query, res, with_args=not no_args)
+    else:
+        _render(query, res, with_args=not no_args)
+    if not no_args and res.args_error:
+        raise typer.Exit(1)  # "arguments": null above, the reason in args_error: a failure, not a call to make
 
 
 def _render(query: str, res, with_args: bool) -> None:

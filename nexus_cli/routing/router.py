@@ -304,7 +304,7 @@ class Router:
     def _arguments(self, query: str, entry, history) -> tuple[dict | None, str | None]:
         """Arguments through the one argument pipeline (arguments.generate_arguments). Returns (arguments,
         error-or-None); a tool whose schema could not be compiled, or output that fails validation, is reported, not
-        raised."""
+        raised, and then the arguments are None."""
         try:
             res = generate_arguments(self.llm(), self.spec(entry), query, history=history,
                                      prefixes=self.argument_prefixes())
@@ -312,4 +312,6 @@ class Router:
             if isinstance(e, ModelError):
                 raise
             return None, e.message
-        return res.arguments, ("; ".join(res.errors) if not res.valid else None)
+        if not res.valid:  # a final failure is never passed off as arguments: null, with the reason beside it
+            return None, "; ".join(res.errors) or "the arguments did not validate"
+        return res.arguments, None

@@ -196,11 +196,13 @@ class Engine:
         out.tokens = cache.held
         out.kv = cache.report()
         out.raw = a.raw
-        res.arguments = a.arguments
+        res.arguments = a.arguments if a.valid else None  # never an invalid object passed off as arguments
         out.args_valid = a.valid
         out.args_errors = list(a.errors)
         if a.errors:
             res.args_error = "; ".join(a.errors)
+        elif not a.valid:
+            res.args_error = "the arguments did not validate"
 
     def generate(self, tokens: Sequence[int], grammar: str | None, max_tokens: int, owner: str | None = None):
         """Greedy generation after `tokens` on the shared context through the arena: the longest warm prefix is reused,

@@ -111,8 +111,9 @@ def instruction_matches(text: str) -> list[tuple[str, str]]:
         m = rx.search(flat)
         if m:
             out.append((check, " ".join(m.group(0).split())[:80]))
-    if _MARKUP_TAG.search(flat):
-        out.append(("markup-for-the-model", _MARKUP_TAG.search(flat).group(0)[:40]))
+    tag = _MARKUP_TAG.search(flat)
+    if tag:
+        out.append(("markup-for-the-model", tag.group(0)[:40]))
     return out
 
 

@@ -361,9 +361,80 @@ def test_answer_that_runs_out_of_tokens_is_retried_over_the_tight_grammar(smollm
     full = generate_arguments(smollm, spec, query, max_tokens=96)
     assert len(json.loads(full.raw).get("tags", [])) >= 4, full.raw  # what the model wants to write
     res = generate_arguments(smollm, spec, query, max_tokens=20)
-    assert res.retried_tight, res.raw
+    assert res.retries[:1] == ["tight"], (res.raw, res.retries)
     assert res.valid, (res.raw, res.errors)
     assert json.loads(res.raw)["id"] == 42 and len(json.loads(res.raw).get("tags", [])) <= 2, res.raw
+
+
+class _ScriptedContext:
+    """A stand-in LlamaContext whose generations are the given answers in order; it records each grammar."""
+
+    n_ctx = 4096
+
+    def __init__(self, answers):
+        from nexus_cli.adapters.llama import GenerationResult
+
+        self._answers = list(answers)
+        self._result = GenerationResult
+        self.grammars: list[str] = []
+
+        class _Model:
+            def chat_tokens(self, messages):
+                return list(range(len(json.dumps(messages)) // 8 + 2))
+
+        self.model = _Model()
+        self._pos = -1
+
+    def seq_pos_max(self, seq_id):
+        return self._pos
+
+    def generate(self, prompt_tokens, max_tokens=128, grammar=None, seq_id=0, start_pos=0, deadline=None, **_):
+        text, stop = self._answers.pop(0)
+        self.grammars.append(grammar or "")
+        self._pos = start_pos + len(prompt_tokens) + 3
+        return self._result(text=text, tokens=[1, 2, 3], n_prompt=len(prompt_tokens), t_first_token_ms=1.0,
+                            t_total_ms=2.0, stop=stop)
+
+
+NOTE_TOOL = Tool("notes", "update_note", "Update a note.", {
+    "type": "object", "properties": {"id": {"type": "integer", "description": "Note id"},
+                                     "priority": {"type": "string", "description": "Priority"},
+                                     "color": {"type": "string", "description": "Label color"}},
+    "required": ["id"]})
+
+
+def test_a_failed_answer_is_retried_over_the_tight_then_the_required_first_grammar():
+    """An answer that fails validation gets the tight grammar, then the required-first one (the required fields and
+    only the optional ones the request states); the first valid retry is kept."""
+    spec = compile_tool(NOTE_TOOL)
+    ctx = _ScriptedContext([("{}", "eog"), ('{"id": 4', "max_tokens"), ('{"id": 42, "priority": "high"}', "eog")])
+    res = generate_arguments(ctx, spec, "set the priority of note 42 to high", post_process=False)
+    assert res.valid and res.arguments == {"id": 42, "priority": "high"}, (res.raw, res.errors)
+    assert res.retries == ["tight", "required-first"]
+    tight, required_first = ctx.grammars[1:]
+    assert "color" in tight and "priority" in tight
+    assert "color" not in required_first and "priority" in required_first
+
+
+def test_a_final_failure_is_null_arguments_with_every_reason():
+    spec = compile_tool(NOTE_TOOL)
+    ctx = _ScriptedContext([("{}", "eog"), ("{}", "eog"), ('{"id": 4', "max_tokens")])
+    res = generate_arguments(ctx, spec, "set the priority of note 42 to high", post_process=False)
+    assert not res.valid and res.retries == ["tight", "required-first"]
+    assert any("'id' is a required property" in e for e in res.errors), res.errors
+    assert "did not give valid arguments" in res.errors[-1]
+
+
+def test_a_call_is_bounded_in_time_whatever_the_schema(smollm):
+    """Past its time limit a generation stops and no retry starts: the result is a failure that says so."""
+    spec = compile_tool(Tool("notes", "tag_note", "Tag a note.", {
+        "type": "object", "properties": {"id": {"type": "integer"},
+                                         "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["id"]}))
+    res = generate_arguments(smollm, spec, "tag note 42 with alpha, beta, gamma, delta and epsilon",
+                             max_tokens=96, time_limit_s=1e-3)
+    assert not res.valid and res.retries == [], (res.raw, res.errors)
+    assert any("time limit" in e for e in res.errors), res.errors
 
 
 def test_numbers_are_clamped_onto_their_bounds():

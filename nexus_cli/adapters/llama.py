@@ -184,7 +184,7 @@ class GenerationResult:
     n_prompt: prompt tokens decoded for this call (0 when the prompt was already in the cache).
     t_first_token_ms: from the call's start (prompt decode included) to the first sampled token.
     t_total_ms: the whole call.
-    stop: "eog" (end-of-generation token) or "max_tokens".
+    stop: "eog" (end-of-generation token), "max_tokens", or "deadline" (the caller's deadline passed).
     grammar_rejections: steps at which the grammar rejected the unconstrained greedy choice, so the whole
     vocabulary was masked (lazy grammar; 0 without a grammar or with it in the sampler chain).
     """
@@ -771,6 +771,7 @@ class LlamaContext:
         stop_at_eog: bool = True,
         logit_bias: Mapping[int, float] | None = None,
         lazy_grammar: bool = True,
+        deadline: float | None = None,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens after `prompt_tokens`, optionally constrained by a GBNF grammar.
 
@@ -791,6 +792,9 @@ class LlamaContext:
         lazy_grammar: with greedy decoding, test the unconstrained choice against the grammar and mask the whole
         vocabulary only when it is rejected (_GrammarCheck: the same tokens, faster); False puts the grammar in the
         sampler chain (every candidate masked at every step), the reference the tests compare against.
+
+        deadline: a time.perf_counter() value; generation stops (stop="deadline") once it has passed, checked after
+        each sampled token (the prompt's decode is not interrupted).
 
         Returns GenerationResult(text, tokens, n_prompt, t_first_token_ms, t_total_ms, stop)."""
         L = _lib()
@@ -848,6 +852,10 @@ class LlamaContext:
                 out.append(tok)
                 if len(out) >= max_tokens:
                     per_token.append((time.perf_counter() - ts) * 1e3)
+                    break
+                if deadline is not None and time.perf_counter() >= deadline:
+                    per_token.append((time.perf_counter() - ts) * 1e3)
+                    stop = "deadline"
                     break
                 self.decode([tok], pos, seq_id)
                 pos += 1

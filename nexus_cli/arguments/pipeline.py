@@ -9,8 +9,12 @@ short inline descriptions, and the request.
 Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
 String values are bounded by the length of the request + history window (a value longer than its only possible
 source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out of tokens
-before its JSON closes is retried once over the tool's tight grammar (arrays of at most two items, free-form objects
-empty, recursion cut after one level, strings of at most 64 characters). Optional fields the request states and the
+before its JSON closes, or that fails validation, is retried over tighter grammars (RETRY_GRAMMARS): first the
+tool's tight grammar (arrays of at most two items, free-form objects empty, recursion cut after one level, strings
+of at most 64 characters), then the required-first one (the same, over the required fields and only the optional
+ones the request states). A call is bounded: each generation by max_tokens, the whole call (retries and second
+passes included) by time_limit_s, of which the first answer may use FIRST_ANSWER_SHARE. A final failure comes back
+with arguments None and the reasons (never an empty or partial object passed off as arguments). Optional fields the request states and the
 answer left out get a second pass whose grammar requires them (stated_optional_keys), and a list closed after one
 item one whose grammar asks for more (one_item_lists; new items kept only while the request writes them). The
 repairs (arguments/repairs.py) then drop unsupported optional fields, clamp numbers and restore values from the
@@ -25,11 +29,13 @@ there is no history window), restored from a kept KV state instead of decoded, a
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..adapters.llama import LlamaContext
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
@@ -48,7 +54,9 @@ DEFAULT_MAX_TOKENS = 256
 LONGER_LISTS_PASS = True  # a second pass for a list the answer closed after one item
 STATED_KEYS_PASS = True  # a second pass for optional fields the request states and the answer left out
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
-TIGHT_STRING_MAX = 64  # the string bound of the retry over the tight grammar (chars)
+TIGHT_STRING_MAX = 64  # the string bound of the retries over the tighter grammars (chars)
+FIRST_ANSWER_SHARE = 2 / 3  # of the time limit the first answer may use; the rest is kept for the retries
+RETRY_GRAMMARS = ("tight", "required-first")  # tried in this order after a first answer that failed
 
 
 @dataclass
@@ -62,7 +70,7 @@ class ArgsResult:
     dropped: list[str] = field(default_factory=list)  # post-processing: optional fields removed, numbers clamped,
     #                                                   path prefixes restored
     prompt: str = ""
-    retried_tight: bool = False  # the first answer ran out of tokens; this one came from the tight grammar
+    retries: list[str] = field(default_factory=list)  # the RETRY_GRAMMARS generated after the first answer failed
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -211,30 +219,68 @@ def _parses(text: str) -> bool:
     return True
 
 
-def _tight_grammar(spec: ToolSpec) -> str | None:
-    """The fallback grammar of a tool (schema.grammar_of(tight=True)), or None when it cannot be built."""
+def required_first_schema(spec: ToolSpec, source: str) -> dict | None:
+    """The schema of the last retry: the tool's required fields, then only the optional ones the request states
+    (stated_optional_keys); None when the tool has no properties to narrow or none would be left out."""
+    schema = spec.input_schema
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not props:
+        return None
+    required = [k for k in (schema.get("required") or []) if k in props]
+    stated = stated_optional_keys({}, schema, source, field_words(spec.name))
+    keep = required + [k for k in stated if k not in required]
+    if len(keep) == len(props):
+        return None  # nothing to leave out: the tight grammar already was this one
+    return {**schema, "properties": {k: props[k] for k in keep}}
+
+
+def _retry_grammar(spec: ToolSpec, kind: str, source: str) -> str | None:
+    """The GBNF of one of RETRY_GRAMMARS for this tool and request, or None when there is none to try."""
+    schema = spec.input_schema if kind == "tight" else required_first_schema(spec, source)
+    if schema is None:
+        return None
     try:
-        text, _ = grammar_of(spec.name, spec.input_schema, tight=True)
+        text, _ = grammar_of(spec.name, schema, tight=True)
     except NexusError:
         return None
     return text
 
 
+def _parsed(res: Any) -> tuple[dict | None, list[str]]:
+    """(the answer as an object, []) or (None, [why not])."""
+    try:
+        args = json.loads(res.text)
+    except ValueError as e:
+        if res.stop == "max_tokens":
+            return None, ["output hit max_tokens before the JSON closed"]
+        if res.stop == "deadline":
+            return None, ["output ran past the time limit before the JSON closed"]
+        return None, [f"output is not JSON: {e}"]
+    if not isinstance(args, dict):
+        return None, ["output is not a JSON object"]
+    return args, []
+
+
 def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[Any] | None = None,
                        max_tokens: int = DEFAULT_MAX_TOKENS, descriptions: bool = True, post_process: bool = True,
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
-                       cache: PromptCache | None = None) -> ArgsResult:
+                       cache: PromptCache | None = None,
+                       time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
     prefixes: restore the tool's prompt prefix (system prompt + tool block) from there instead of decoding it, and
     keep it there when it has to be decoded (ArgumentPrefixes). cache: where the prompt's cells come from
-    (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's).
+    (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's). time_limit_s: the bound on
+    the whole call (None: only max_tokens bounds it).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
         why = "; ".join(spec.problems) or "no grammar"
         raise SchemaError(f"tool '{spec.key}' cannot be called: {why}")
+    t_start = time.perf_counter()
+    deadline = t_start + time_limit_s if time_limit_s else None
+    first_deadline = t_start + time_limit_s * FIRST_ANSWER_SHARE if time_limit_s else None
     ctx = _context_for(llm)
     cache = cache or PromptCache(prefixes)
     messages, window = build_messages(spec, query, history, descriptions=descriptions)
@@ -250,45 +296,58 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     source = source_text(query, window)
     res = ctx.generate(tokens[start:], max_tokens=max_tokens, grammar=gbnf, temperature=0.0,
-                       seq_id=seq_id, start_pos=start)
-    t_first, t_total = res.t_first_token_ms, res.t_total_ms
-    retried = False
-    if res.stop == "max_tokens" and not _parses(res.text):
-        # The model looped (a long array, nested free-form objects) and ran out of tokens. Retry once over the
-        # tight grammar (arrays of at most two items, free-form objects empty): a shorter answer beats no answer.
-        tight = _tight_grammar(spec)
-        if tight is not None:
-            res = ctx.generate(tokens, max_tokens=max_tokens,
-                               grammar=with_string_limit(tight, max(STRING_MIN_BOUND,
-                                                                    min(source_chars + 16, TIGHT_STRING_MAX))),
-                               temperature=0.0, seq_id=seq_id, start_pos=0)
-            t_total += res.t_total_ms
-            retried = True
+                       seq_id=seq_id, start_pos=start, deadline=first_deadline)
     cache.kept(ctx, tokens, res.tokens, seq_id)
+    t_first, t_total = res.t_first_token_ms, res.t_total_ms
     raw = res.text
-    timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
-    errors: list[str] = []
-    try:
-        args = json.loads(raw)
-    except ValueError as e:
-        why = "output hit max_tokens before the JSON closed" if res.stop == "max_tokens" else f"output is not JSON: {e}"
-        return ArgsResult(None, raw, False, [why], timings, len(tokens), [], "", retried)
-    if not isinstance(args, dict):
-        return ArgsResult(None, raw, False, ["output is not a JSON object"], timings, len(tokens), [], "", retried)
     dropped: list[str] = []
-    added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
-        if post_process and STATED_KEYS_PASS else {}
-    longer = _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
-        if post_process and LONGER_LISTS_PASS else {}
-    if added or longer:
-        t_total += added.pop("_ms", 0.0) + longer.pop("_ms", 0.0)
-        timings["total"] = round(t_total, 2)
-        args = {**args, **added, **longer}
-        cache.kept(ctx, tokens, None, seq_id)  # the second passes replaced what follows the prompt
-    if post_process:
-        args, dropped = post_process_arguments(args, spec, query, window)
-        dropped += [f"added {k} (stated in the request)" for k in added if k in args]
-        dropped += [f"extended {k} to {len(v)} items" for k, v in longer.items() if k in args]
-    errors = validate_arguments(spec.input_schema, args)
+    args, errors = _parsed(res)
+    if args is not None:
+        in_time = deadline is None or time.perf_counter() < deadline  # the second passes only improve an answer
+        added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+            if post_process and STATED_KEYS_PASS and in_time else {}
+        longer = _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+            if post_process and LONGER_LISTS_PASS and in_time else {}
+        if added or longer:
+            t_total += added.pop("_ms", 0.0) + longer.pop("_ms", 0.0)
+            args = {**args, **added, **longer}
+            cache.kept(ctx, tokens, None, seq_id)  # the second passes replaced what follows the prompt
+        if post_process:
+            args, dropped = post_process_arguments(args, spec, query, window)
+            dropped += [f"added {k} (stated in the request)" for k in added if k in args]
+            dropped += [f"extended {k} to {len(v)} items" for k, v in longer.items() if k in args]
+        errors = validate_arguments(spec.input_schema, args)
+    retries: list[str] = []
+    if errors:
+        # The model looped (a long array, nested free-form objects) and ran out of tokens or time, or its answer
+        # broke a rule the grammar cannot hold: retry over tighter grammars, while the time limit allows.
+        # A shorter answer beats no answer.
+        string_bound = max(STRING_MIN_BOUND, min(source_chars + 16, TIGHT_STRING_MAX))
+        for kind in RETRY_GRAMMARS:
+            if deadline is not None and time.perf_counter() >= deadline:
+                errors = errors + [f"argument generation stopped at its {time_limit_s:g} s time limit"]
+                break
+            tight = _retry_grammar(spec, kind, source)
+            if tight is None:
+                continue
+            again = ctx.generate(tokens[-1:], max_tokens=max_tokens, grammar=with_string_limit(tight, string_bound),
+                                 temperature=0.0, seq_id=seq_id, start_pos=len(tokens) - 1, deadline=deadline)
+            cache.kept(ctx, tokens, None, seq_id)  # like a second pass: a kept slot holds the first answer
+            t_total += again.t_total_ms
+            retries.append(kind)
+            answer, why = _parsed(again)
+            if answer is None:
+                continue
+            kept_out: list[str] = []
+            if post_process:
+                answer, kept_out = post_process_arguments(answer, spec, query, window)
+            if not validate_arguments(spec.input_schema, answer):
+                args, errors, raw, dropped = answer, [], again.text, kept_out
+                break
+        else:
+            if retries:
+                errors = errors + [f"the retries over the {' and '.join(retries)} grammars did not give valid "
+                                   "arguments either"]
+    timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"], retried)
+                      messages[-1]["content"] if args is not None else "", retries)

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import DEFAULT_LLM, default_index_dir
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, default_index_dir
 from ..errors import FormatError, UsageError
 from ..output import emit_json, stdout_console
 from . import options
@@ -84,18 +84,22 @@ def route_command(
     rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 10 for llm)."),
     as_json: bool = options.as_json(),
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
+    args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
 ) -> None:
     from ..routing.router import Router, RouterConfig  # lazy: `nexus --help` stays fast
     from ..serving.session import route_with_session  # lazy: `nexus --help` stays fast
 
     index = resolve_index(index)
+    if args_time_limit < 0:
+        raise UsageError("--args-time-limit must be 0 (no limit) or a number of seconds")
     if session is not None:
         if batch is not None or history is not None or query is None or not query.strip():
             raise UsageError("--session takes one QUERY (no --batch, no --history: the session keeps the history)")
         if rerank_k is not None:
             raise UsageError("--rerank-k is not available with --session (a session keeps its router's settings)")
 
-        turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker)
+        turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker,
+                                  args_time_limit_s=args_time_limit or None)
         if as_json:
             emit_json(turn.as_json())
         else:
@@ -114,8 +118,8 @@ def route_command(
         raise UsageError("--rerank-k must be at least 2")
     hist = _read_history(history) if history else None
     items = _read_batch(batch) if batch else None
-    router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k),
-                    registry=registry)
+    router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k,
+                                        args_time_limit_s=args_time_limit or None), registry=registry)
     if items is not None:
         for n, item in enumerate(items, 1):
             res = router.route(item["query"], history=item.get("history") or hist, with_args=not no_args)

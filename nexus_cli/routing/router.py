@@ -17,7 +17,7 @@ import numpy as np
 from ..adapters.embedder import query_embedder
 from ..adapters.llama import LlamaContext, LlamaModel
 from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
-from ..config import DEFAULT_LLM
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
 from ..errors import ModelError, NexusError
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
@@ -93,6 +93,7 @@ class RouterConfig:
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
     model: str = DEFAULT_LLM  # LLM for arguments (and the llm / likelihood rerankers)
+    args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     threads: int | None = None
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
@@ -307,7 +308,7 @@ class Router:
         raised, and then the arguments are None."""
         try:
             res = generate_arguments(self.llm(), self.spec(entry), query, history=history,
-                                     prefixes=self.argument_prefixes())
+                                     prefixes=self.argument_prefixes(), time_limit_s=self.config.args_time_limit_s)
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments import generate_arguments
-from ..config import DEFAULT_LLM
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
 from ..errors import FormatError, ModelError, NexusError, UsageError
 from ..routing.router import Router, RouterConfig
 from ..splice.compile import block_filename
@@ -55,6 +55,7 @@ class EngineConfig:
     n_ctx: int = 8192
     slots: int = 32
     max_tokens: int = 256
+    args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     top_k: int = 5
     reranker: str = "auto"
     threads: int | None = None
@@ -179,14 +180,16 @@ class Engine:
         try:
             try:
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
-                                       seq_id=self._arena.work_seq, cache=cache)
+                                       seq_id=self._arena.work_seq, cache=cache,
+                                       time_limit_s=self.config.args_time_limit_s)
             except ModelError as e:
                 if "no KV slot" not in e.message and "context full" not in e.message:
                     raise
                 self._arena.clear()  # the cache is full of other conversations' slots: drop them and prefill cold
                 cache = ArenaCache(self._arena, owner)
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
-                                       seq_id=self._arena.work_seq, cache=cache)
+                                       seq_id=self._arena.work_seq, cache=cache,
+                                       time_limit_s=self.config.args_time_limit_s)
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import __version__
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError
 from ..registry import load_registries
 from .session import Engine, EngineConfig
@@ -272,9 +273,10 @@ def serve_stdio(service: NexusService, log=None) -> dict:
 
 
 def make_service(index: str, registry: Sequence[str] | None, model: str, with_args: bool, threads: int | None = None,
-                 top_k: int = 5, reranker: str = "auto", deterministic: bool = False) -> NexusService:
+                 top_k: int = 5, reranker: str = "auto", deterministic: bool = False,
+                 args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S) -> NexusService:
     cfg = EngineConfig(model=model, with_args=with_args, top_k=top_k, reranker=reranker, threads=threads,
-                       deterministic=deterministic)
+                       deterministic=deterministic, args_time_limit_s=args_time_limit_s)
     engine = Engine(index, cfg, registry=registry)
     tools = load_registries(registry) if registry else None
     if with_args:

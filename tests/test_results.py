@@ -2,6 +2,7 @@
 
 import json
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,19 @@ def test_a_dirty_tree_never_replaces_the_published_latest(tmp_path, monkeypatch)
     assert json.loads((tmp_path / "unit-suite" / "latest.json").read_text())["summary"] == {"x": 1}
     stamped = json.loads(open(second["files"]["json"]).read())
     assert stamped["summary"] == {"x": 2} and stamped["publishable"] is False
+
+
+def test_a_run_on_another_model_is_a_variant_beside_the_main_figures(tmp_path):
+    """The main model's run is latest.json; a run on another model writes latest-<model>.json and never replaces it."""
+    assert results.model_variant("qwen2.5-0.5b") is None
+    assert results.model_variant("smollm2-135m") == "smollm2-135m"
+    assert results.model_variant("/models/Some-Model.Q4_K_M.gguf") == "Some-Model.Q4_K_M"
+    main = results.Run("unit-suite", params={}, models={}).write({"x": 1}, out_dir=tmp_path)
+    other = results.Run("unit-suite", params={}, models={}, variant="smollm2-135m")
+    other.started += 2
+    doc = other.write({"x": 2}, out_dir=tmp_path)
+    folder = tmp_path / "unit-suite"
+    assert doc["variant"] == "smollm2-135m" and Path(doc["files"]["json"]).name.startswith("unit-suite-smollm2-135m-")
+    assert results.load_latest(tmp_path, "unit-suite")["summary"] == main["summary"] == {"x": 1}
+    assert results.load_latest(tmp_path, "unit-suite", "smollm2-135m")["summary"] == {"x": 2}
+    assert results.variants(tmp_path, "unit-suite") == ["smollm2-135m"] and (folder / "latest-smollm2-135m.json").is_file()

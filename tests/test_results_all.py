@@ -23,11 +23,13 @@ def test_unknown_suite_is_a_usage_error(tmp_path):
 def test_order_covers_every_suite():
     from nexus_cli.commands.bench import app
 
-    assert results_all.ORDER == ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning"]
+    assert results_all.ORDER == ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning",
+                                 "deep-splice:smollm2-135m", "dkl:smollm2-135m", "gate:smollm2-135m"]
     from nexus_cli.lab import summary as results_summary
 
-    assert {s for s, _ in results_summary.SECTIONS} >= set(results_all.ORDER)
-    assert {c.name for c in app.registered_commands} >= set(results_all.ORDER) - {"dkl", "gate"}
+    base = {s.partition(":")[0] for s in results_all.ORDER}
+    assert {s for s, _ in results_summary.SECTIONS} >= base
+    assert {c.name for c in app.registered_commands} >= base - {"dkl", "gate"}
 
 
 def test_summary_of_an_empty_tree(tmp_path):

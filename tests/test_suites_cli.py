@@ -48,12 +48,13 @@ def nexus(*args: str, timeout: int = 600) -> dict:
 
 
 def _common(doc: dict, suite: str, out: Path) -> None:
-    assert doc["schema"] == "nexus-results/1" and doc["suite"] == suite
+    """A SmolLM2 run is a variant of the suite (the main model's figures are latest.json): its own latest files."""
+    assert doc["schema"] == "nexus-results/1" and doc["suite"] == suite and doc["variant"] == "smollm2-135m"
     assert doc["environment"]["git"] is not None and doc["environment"]["cpu"]["model"]
     assert doc["models"]["llm"]["sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-    latest = json.loads((out / suite / "latest.json").read_text())
-    assert latest["created_utc"] == doc["created_utc"]
-    assert (out / suite / "latest.png").read_bytes()[:4] == b"\x89PNG"
+    latest = json.loads((out / suite / "latest-smollm2-135m.json").read_text())
+    assert latest["created_utc"] == doc["created_utc"] and not (out / suite / "latest.json").exists()
+    assert (out / suite / "latest-smollm2-135m.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @needs_smollm

@@ -38,7 +38,7 @@ from ..splice.fidelity import filler_tokens, query_tokens
 from ..splice.render import prefix_tokens
 from . import stats
 from .common import DEFAULT_TOOL, NULL_PROGRESS, Progress, compile_block, context, find_tool
-from .results import Run, model_identity
+from .results import Run, model_identity, model_variant
 
 SUITE = "deep-splice"
 DEFAULTS = dict(model=DEFAULT_LLM, ks=[4.0, 16.0], depths=[256, 512, 1024, 2048], trials=15, tool=DEFAULT_TOOL,
@@ -79,7 +79,7 @@ def run(
         raise ValueError("trials must be >= 1")
     params = dict(model=model, ks=ks, depths=depths, trials=trials, tool=tool, flash_attn=flash_attn,
                   n_boot=n_boot, quick=quick, schedule={"M": 256, "R_base": 5.0}, n_batch=512, warmup_rounds=1)
-    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)})
+    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)}, variant=model_variant(model))
 
     llm = load_model(model)
     the_tool = find_tool(tool, registry_dir)

@@ -14,6 +14,10 @@ What the README and docs publish comes from `results/<suite>/latest.json`, so a 
 results/ from a dirty tree keeps its timestamped file (marked `"publishable": false`) but leaves latest.json as it was;
 a run whose load average exceeded the cores says so in its notes and on stderr (re-take it on an idle machine).
 
+A suite measured on another model than the main one (DEFAULT_LLM) is a *variant* of it, named after the model: its
+files sit beside the main ones as `latest-<variant>.json` / `.png` and `<suite>-<variant>-<stamp>.json`, so one run
+never replaces another model's figures (Run(..., variant=model_variant(model))).
+
     from .results import Run
     run = Run("deep-splice", params={...}, seed=0, models={"llm": model_identity("qwen2.5-0.5b")})
     ...                                   # measure
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__, files, kernels
-from ..config import MODELS, REPO_ROOT
+from ..config import DEFAULT_LLM, MODELS, REPO_ROOT
 from ..files import sha256_file
 from ..models import canonical_name, is_verified, resolve_model
 
@@ -225,11 +229,34 @@ def suite_dir(out_dir: str | os.PathLike, suite: str) -> Path:
     return Path(out_dir) / suite
 
 
+def model_variant(model: str) -> str | None:
+    """The variant a run on `model` writes: None for the main model, else the model's name (a .gguf path: its
+    file name without the extension)."""
+    name = canonical_name(str(model))
+    if name == canonical_name(DEFAULT_LLM):
+        return None
+    return name or Path(str(model)).stem
+
+
+def latest_name(variant: str | None = None, ext: str = "json") -> str:
+    return f"latest.{ext}" if variant is None else f"latest-{variant}.{ext}"
+
+
+def variants(out_dir: str | os.PathLike, suite: str) -> list[str]:
+    """The variants of a suite that have a latest file in out_dir, sorted."""
+    folder = suite_dir(out_dir, suite)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[len("latest-"):-len(".json")] for p in folder.glob("latest-*.json"))
+
+
 class Run:
     """One measurement run of a suite: collects the description at start, writes the results file at the end."""
 
-    def __init__(self, suite: str, params: dict, seed: int | None = None, models: dict | None = None):
+    def __init__(self, suite: str, params: dict, seed: int | None = None, models: dict | None = None,
+                 variant: str | None = None):
         self.suite = suite
+        self.variant = variant
         self.params = dict(params)
         self.seed = seed
         self.models = dict(models or {})
@@ -252,6 +279,7 @@ class Run:
             {
                 "schema": SCHEMA,
                 "suite": self.suite,
+                "variant": self.variant,
                 "created_utc": _dt.datetime.fromtimestamp(self.started, _dt.timezone.utc).isoformat(timespec="seconds"),
                 "wall_s": round(time.perf_counter() - self._t0, 3),
                 "argv": self.argv,
@@ -272,8 +300,9 @@ class Run:
         out_dir: str | os.PathLike = "results",
         figure: Callable[[Any], Any] | None = None,
     ) -> dict:
-        """Write results/<suite>/<suite>-<stamp>.json, latest.json and (if `figure`) latest.png. Returns the document
-        with its paths under "files"."""
+        """Write results/<suite>/<suite>[-<variant>]-<stamp>.json, latest[-<variant>].json and (if `figure`) the
+        figure as latest[-<variant>].png. Returns the document with its paths under "files". From a dirty tree into
+        the published results, latest is left alone and the figure is kept beside the stamped file instead."""
         cores = os.cpu_count() or 1
         load = max(x for x in (self.load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, 0.0)
                    if x is not None)
@@ -284,33 +313,35 @@ class Run:
         doc = self.document(summary, samples)
         folder = suite_dir(out_dir, self.suite)
         stamp = utc_stamp(self.started)
-        path = folder / f"{self.suite}-{stamp}.json"
+        base = self.suite if self.variant is None else f"{self.suite}-{self.variant}"
+        path = folder / f"{base}-{stamp}.json"
         dirty = bool((self.git_start or {}).get("dirty"))
         published_folder = folder.resolve().parent == Path(PUBLISHED_RESULTS).resolve()
+        keep_latest = not (dirty and published_folder)
         doc["publishable"] = not dirty
-        files = {"json": str(path), "latest": str(folder / "latest.json")}
-        png = None
+        latest = folder / latest_name(self.variant)
+        files = {"json": str(path)}
         if figure is not None:
             plt = headless_pyplot()
             fig = figure(plt)
             if fig is not None:
-                png = folder / "latest.png"
+                png = folder / latest_name(self.variant, "png") if keep_latest else path.with_suffix(".png")
                 save_figure(fig, png)
                 plt.close(fig)
                 files["png"] = str(png)
         write_json_doc(path, doc)
-        if dirty and published_folder:
-            files.pop("latest")
-            sys.stderr.write(f"warning: the tree was dirty when this run started: {path.name} is kept, "
-                             f"{self.suite}/latest.json (what the docs publish) is left as it was\n")
+        if keep_latest:
+            write_json_doc(latest, doc)
+            files["latest"] = str(latest)
         else:
-            write_json_doc(folder / "latest.json", doc)
+            sys.stderr.write(f"warning: the tree was dirty when this run started: {path.name} is kept, "
+                             f"{self.suite}/{latest.name} (what the docs publish) is left as it was\n")
         doc["files"] = files
         return doc
 
 
-def load_latest(out_dir: str | os.PathLike, suite: str) -> dict | None:
-    path = suite_dir(out_dir, suite) / "latest.json"
+def load_latest(out_dir: str | os.PathLike, suite: str, variant: str | None = None) -> dict | None:
+    path = suite_dir(out_dir, suite) / latest_name(variant)
     if not path.is_file():
         return None
     return json.loads(path.read_text(encoding="utf-8"))

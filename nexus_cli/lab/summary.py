@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import REPO_ROOT
 from ..files import atomic_write_bytes
-from .results import load_latest
+from .results import load_latest, variants
 
 
 def _ci(iv, digits=1, scale=1.0, suffix=""):
@@ -290,10 +290,11 @@ def render(out_dir: Path) -> str:
              "Definitions: docs/measurements.md.", ""]
     walls = []
     for suite, _ in SECTIONS:
-        doc = load_latest(out_dir, suite)
-        if doc is not None:
-            walls.append(f"| {suite} | {doc['wall_s'] / 60:.1f} | {_load(doc['environment']['cpu'])} | "
-                          f"{_params_brief(doc['params'])} |")
+        for variant in [None, *variants(out_dir, suite)]:
+            doc = load_latest(out_dir, suite, variant)
+            if doc is not None:
+                walls.append(f"| {suite}{f' ({variant})' if variant else ''} | {doc['wall_s'] / 60:.1f} | "
+                              f"{_load(doc['environment']['cpu'])} | {_params_brief(doc['params'])} |")
     if walls:
         lines += ["### Wall times of the latest runs", "", "| suite | minutes | load average | parameters |",
                   "|---|---|---|---|", *walls, ""]
@@ -301,11 +302,18 @@ def render(out_dir: Path) -> str:
         doc = load_latest(out_dir, suite)
         if doc is None:
             lines += [f"### {suite}", "", "_not run yet_", ""]
-            continue
-        try:
-            lines += fn(doc) + [""]
-        except (KeyError, TypeError) as e:
-            lines += [f"### {suite}", "", f"_latest.json has an unexpected shape ({type(e).__name__}: {e})_", ""]
+        for variant in [None, *variants(out_dir, suite)]:
+            doc = load_latest(out_dir, suite, variant)
+            if doc is None:
+                continue
+            try:
+                section = fn(doc)
+            except (KeyError, TypeError) as e:
+                lines += [f"### {suite}", "", f"_latest.json has an unexpected shape ({type(e).__name__}: {e})_", ""]
+                continue
+            if variant:  # the same table on another model: its heading says which
+                section = [section[0] + f" — {variant}", *section[1:]]
+            lines += section + [""]
     return "\n".join(lines)
 
 

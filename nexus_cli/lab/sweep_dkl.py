@@ -34,7 +34,7 @@ from ..splice.fidelity import filler_tokens, query_tokens
 from ..splice.render import prefix_tokens
 from . import stats
 from .common import DEFAULT_TOOL, NULL_PROGRESS, QUERIES, Progress, compile_block, context, find_tool
-from .results import Run, model_identity
+from .results import Run, model_identity, model_variant
 
 SUITE = "dkl"
 DEFAULT_OFFSETS = [0, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048]
@@ -91,7 +91,7 @@ def run(
     params = dict(model=model, offsets=offsets, queries=queries, tool=tool, legolink_offset=legolink_offset,
                   legolink_k=legolink_k, flash_attn=flash_attn, n_boot=n_boot, quick=quick, recompute_pct=0.0,
                   query_texts=QUERIES[:queries])
-    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)})
+    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)}, variant=model_variant(model))
     llm = load_model(model)
     block = compile_block(model, find_tool(tool, registry_dir), flash_attn)
     schema = [int(t) for t in block.tokens]

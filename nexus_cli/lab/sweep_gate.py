@@ -29,7 +29,7 @@ from ..splice.engine import SpliceEngine
 from ..splice.render import prefix_tokens
 from . import stats
 from .common import DEFAULT_TOOL, NULL_PROGRESS, Progress, compile_block, context, find_tool
-from .results import Run, model_identity
+from .results import Run, model_identity, model_variant
 
 SUITE = "gate"
 DEFAULT_DEPTHS = [256, 1024, 2048]
@@ -121,7 +121,7 @@ def run(
                   contexts=["on", "off"], recompute_pct=0.0, target_rho=TARGET_RHO,
                   proxy="mean over head_dim of the variance over the preceding n_past cells of the head's K (post-RoPE)",
                   drift="mean over schema tokens of ||K_splice - K_ref||_2 per head (V likewise)")
-    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)})
+    run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model)}, variant=model_variant(model))
     llm = load_model(model)
     ident = llm.identity
     nkv, hd = ident.n_head_kv, ident.head_dim

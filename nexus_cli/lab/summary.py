@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import REPO_ROOT
 from ..files import atomic_write_bytes
-from .results import load_latest, variants
+from .results import latest_name, load_latest, variants
 
 
 def _ci(iv, digits=1, scale=1.0, suffix=""):
@@ -230,15 +230,19 @@ def _dirty(doc) -> str:
 def _headline_rows(out_dir: Path) -> list[str]:
     rows = []
 
-    def add(suite, quantity, value, paper):
-        doc = load_latest(out_dir, suite)
-        if doc is None:
-            return
-        try:
-            v = value(doc["summary"], doc["params"])
-        except (KeyError, TypeError, IndexError, StopIteration):
-            return
-        rows.append(f"| {quantity} | {v} | {paper} | [`results/{suite}/latest.json`](results/{suite}/latest.json){_dirty(doc)} |")
+    def add(suite, quantity, value, paper, variants_too=False):
+        """One row per results file: the main model's, and with variants_too each other model's (named in it)."""
+        for variant in [None, *(variants(out_dir, suite) if variants_too else [])]:
+            doc = load_latest(out_dir, suite, variant)
+            if doc is None:
+                continue
+            try:
+                v = value(doc["summary"], doc["params"])
+            except (KeyError, TypeError, IndexError, StopIteration):
+                continue
+            name = f"results/{suite}/{latest_name(variant)}"
+            label = f"{quantity}, {doc['params'].get('model', variant)}" if variants_too else quantity
+            rows.append(f"| {label} | {v} | {paper} | [`{name}`]({name}){_dirty(doc)} |")
 
     def routing_at(size):
         return lambda s, p: _ci(next(r for r in s["rows"] if r["size"] == size)["accuracy"], 1, 100) + " %"
@@ -256,12 +260,13 @@ def _headline_rows(out_dir: Path) -> list[str]:
         lambda s, p: _sp(s["first_arg"]["steady"]["speedup"]), "1.66x")
     add("deep-splice", "deep splice at n_past 256, K = 4: warm speedup (KL / floor)", lambda s, p: (lambda c: (
         f"{_sp(c['warm']['speedup'])} (KL {_kl(c['kl_max'])} / floor {_kl(c['floor_kl'])})"))(
-        next(c for c in s["cells"].values() if c["K"] == 4 and c["depth"] == 256)), "—")
+        next(c for c in s["cells"].values() if c["K"] == 4 and c["depth"] == 256)), "—", variants_too=True)
     add("dkl", "bare splice KL off the anchor (mean, min–max over offsets)", lambda s, p: (
         f"{min(r['kl_mean']['value'] for r in s['rows'] if r['offset']):.3f}–"
         f"{max(r['kl_mean']['value'] for r in s['rows'] if r['offset']):.3f} nats (floor ≤ "
-        f"{_kl(max(r['floor_max'] for r in s['rows']))})"), "0.008–0.038 nats")
-    add("gate", "reference-free drift gate, mean Spearman ρ", lambda s, p: f"{s['mean_rho']:.3f}", "0.193")
+        f"{_kl(max(r['floor_max'] for r in s['rows']))})"), "0.008–0.038 nats", variants_too=True)
+    add("gate", "reference-free drift gate, mean Spearman ρ", lambda s, p: f"{s['mean_rho']:.3f}", "0.193",
+        variants_too=True)
     add("slb", "SLB scan, N = 250, d = 384: native / from Python", lambda s, p: (lambda r: (
         f"{r['cpp_us_p50']:.2f} µs / {r['python_us_p50']:.2f} µs"))(next(r for r in s["sizes"] if r["n"] == 250)),
         "8.25 µs / 17.6 µs")

@@ -141,3 +141,57 @@ def test_routing_lso_smoke(tmp_path):
     rows = doc["samples"]["queries"]
     assert all(r["gold"].split("/", 1)[0] in split["dev"] for r in rows)
     assert (tmp_path / "routing-lso" / "latest.json").is_file()
+
+
+def test_scattered_indices_spread_over_the_block():
+    from nexus_cli.lab.sweep_dkl import scattered_indices
+
+    assert scattered_indices(160, 16) == list(range(0, 160, 10))
+    assert scattered_indices(5, 16) == [0, 1, 2, 3, 4]
+    idx = scattered_indices(97, 16)
+    assert len(idx) == 16 and idx[0] == 0 and idx[-1] < 97 and idx == sorted(set(idx))
+
+
+@needs_smollm
+def test_recomputing_every_block_token_in_place_is_a_full_prefill():
+    """The two partial recomputes of the dkl suite, taken to k = S, must give back the text prefill's next-token
+    distribution within the floor of a cache that holds another sequence's cells (layout_floor_logits): they repair in
+    place with the right causal context, where the bare splice stays above it."""
+    from nexus_cli.adapters.llama import kl_divergence, load_model
+    from nexus_cli.lab.common import DEFAULT_TOOL, compile_block, context, find_tool
+    from nexus_cli.lab.sweep_dkl import layout_floor_logits, legolink_recompute, scattered_recompute
+    from nexus_cli.splice.engine import SpliceEngine
+    from nexus_cli.splice.fidelity import filler_tokens, query_tokens
+    from nexus_cli.splice.render import prefix_tokens
+
+    llm = load_model("smollm2-135m")
+    block = compile_block("smollm2-135m", find_tool(DEFAULT_TOOL))
+    schema = [int(t) for t in block.tokens]
+    S = len(schema)
+    hist = prefix_tokens(llm) + filler_tokens(llm, 96)
+    n_past = len(hist)
+    q = query_tokens(llm, "Open a pull request in acme/api from feature/login into main.")
+    ctx = context(llm, n_past + 2 * S + len(q) + 8)  # the head recompute holds a second copy of the block
+    try:
+        engine = SpliceEngine(ctx)
+        ctx.decode(hist, 0, 0, logits_last=False)
+        ctx.decode(schema + q, n_past, 0)
+        ref = ctx.logits()
+        ctx.seq_rm(0, n_past, -1)
+        ctx.decode(schema, n_past, 0, logits_last=False)
+        ctx.decode(q, n_past + S, 0)
+        floor = kl_divergence(ref, ctx.logits())
+        layout = kl_divergence(ref, layout_floor_logits(ctx, schema, q, n_past))
+        kls = {}
+        for name, repair in (("bare", None), ("head", legolink_recompute), ("scattered", scattered_recompute)):
+            ctx.seq_rm(0, n_past, -1)
+            engine.splice(block, n_past, 0.0, then_tokens=None)
+            if repair is not None:
+                repair(ctx, schema, n_past, S)
+            ctx.decode(q, n_past + S, 0)
+            kls[name] = kl_divergence(ref, ctx.logits())
+    finally:
+        ctx.close()
+    bound = 2 * max(floor, layout, 1e-4)
+    assert kls["head"] <= bound and kls["scattered"] <= bound, (kls, floor, layout)
+    assert kls["bare"] > bound, (kls, floor, layout)  # the block never saw the history: the repair had work to do

@@ -57,9 +57,15 @@ def render(doc: dict, console) -> None:
         console.print(
             f"LegoLink (recompute first k={ll['k']} block tokens, scratch sequence) at offset {ll['offset']}: "
             f"KL {fmt_ci(ll['kl_mean'], 4)} nats, top-1 {fmt_pct(ll['top1'], 0)} %; bare splice at the same offset "
-            f"{fmt_kl(ll['bare_kl_mean_same_offset'])}; paper: {ll['paper_kl']} nats",
+            f"{fmt_kl(ll['bare_kl_mean_same_offset'])}; floor with a second block's cells in the cache "
+            f"{fmt_kl(ll.get('layout_floor_mean'))}; paper: {ll['paper_kl']} nats",
             highlight=False,
         )
+        sc = ll.get("scattered")
+        if sc:
+            console.print(f"Scattered recompute ({len(sc['indices'])} block tokens spread evenly) at offset "
+                          f"{ll['offset']}: KL {fmt_ci(sc['kl_mean'], 4)} nats, top-1 {fmt_pct(sc['top1'], 0)} %",
+                          highlight=False)
     pl = s["plateau"]
     console.print(f"off-anchor mean KL range {fmt_kl(pl['kl_mean_min'])}–{fmt_kl(pl['kl_mean_max'])} nats "
                   f"(paper 0.008–0.038); top-1 = 100 % everywhere: {'yes' if pl['top1_all'] else 'NO'}", highlight=False)

@@ -101,7 +101,13 @@ def dkl(doc) -> list[str]:
                    "bare splice matches it, the re-anchoring adds nothing and the divergence is the model's.")
     if ll:
         out.append(f"LegoLink port (k = {ll['k']}) at offset {ll['offset']}: KL {_ci(ll['kl_mean'], 4)} nats, top-1 "
-                   f"{_ci(ll['top1'], 0, 100)} %, against the bare splice's {_kl(ll['bare_kl_mean_same_offset'])} at the same offset.")
+                   f"{_ci(ll['top1'], 0, 100)} %, against the bare splice's {_kl(ll['bare_kl_mean_same_offset'])} at the same offset"
+                   + (f"; floor with a second block's cells in the cache {_kl(ll['layout_floor_mean'])}"
+                      if ll.get("layout_floor_mean") is not None else "") + ".")
+        sc = ll.get("scattered")
+        if sc:
+            out.append(f"Scattered recompute ({len(sc['indices'])} block tokens spread evenly, each with its causal "
+                       f"context) at the same offset: KL {_ci(sc['kl_mean'], 4)} nats, top-1 {_ci(sc['top1'], 0, 100)} %.")
     return out
 
 

@@ -25,7 +25,7 @@ without saying which tokens it recomputed, so the same offset also measures the 
 evenly over the block (indices round(i S / k)), each recomputed in place in ascending order with its whole causal
 context (the history and the block's cells before it, recomputed ones included), the others left as spliced.
 Both recomputes leave, or make, cells of another sequence in the cache while they run; such masked cells alone move
-the output by a numerical amount (0.003 nats on SmolLM2 where the batch-split floor is 0), so the LegoLink point
+the output by a numerical amount (also where the batch-split floor is exactly 0), so the LegoLink point
 carries its own floor: the reference text decoded with the block's cells present as another sequence's
 (layout_floor_logits).
 """

@@ -1,0 +1,192 @@
+"""Second-stage signals for routing over servers the router never saw, dumped per request so fusions can be compared
+offline on the leave-servers-out dev part and then checked once on the test part.
+
+    python benchmarks/rerank_features.py dump --part dev [--k 5] [--max-queries N]
+    python benchmarks/rerank_features.py fuse results/rerank-features/FILE.json
+
+`dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
+every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
+their fused scores, then scores the first K of them with:
+
+* `ll05`: the query likelihood of Qwen2.5-Coder-0.5B (the shipped `likelihood` reranker's signal, masked request);
+* `choice05`, `choice15`: the log-probability that Qwen2.5-Coder-0.5B / -1.5B, shown the K candidates as short cards
+  (name, server, description, parameters) and the request, answers with each candidate's name (the whole name and
+  the end of the turn, so a name that is the prefix of another is not favoured).
+
+`fuse` prints top-1 for each signal alone and for fusions of the retriever with each, so one rule can be chosen on dev.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nexus_cli import textgen  # noqa: E402
+from nexus_cli.adapters.embedder import Embedder  # noqa: E402
+from nexus_cli.adapters.llama import LlamaContext, LlamaModel, log_softmax  # noqa: E402
+from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
+from nexus_cli.lab.bench_lso import EXAMPLES, TEST_QUERIES, dev_requests, part_servers  # noqa: E402
+from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries, with_interchangeable  # noqa: E402
+from nexus_cli.lab.common import registry_dir_default  # noqa: E402
+from nexus_cli.lab.results import Run, model_identity  # noqa: E402
+from nexus_cli.registry import load_registries  # noqa: E402
+from nexus_cli.routing.rerank import LikelihoodReranker  # noqa: E402
+from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
+
+SUITE = "rerank-features"
+POOL = 10
+CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
+
+
+class ChoiceScorer:
+    """log p(the LLM answers with this candidate's name | the candidates' cards and the request), per candidate."""
+
+    SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
+              "as written in the list.")
+
+    def __init__(self, model: str, k: int, desc_words: int = 40, max_params: int = 6):
+        self.ctx = LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=k + 1)
+        self.desc_words = desc_words
+        self.max_params = max_params
+        self.end = self.ctx.tokenize("<|im_end|>", add_special=False, parse_special=True)
+
+    def label(self, e, entries) -> str:
+        same = sum(1 for x in entries if x.name == e.name)
+        return e.name if same == 1 else f"{e.name} ({e.server})"
+
+    def card(self, e, entries) -> str:
+        desc = textgen.truncate_words(textgen.clean_description(e.description or ""), self.desc_words)
+        props = list(((e.input_schema or {}).get("properties") or {}).keys())[: self.max_params]
+        params = f"\n  parameters: {', '.join(props)}" if props else ""
+        return f"- {self.label(e, entries)} (server: {e.server})\n  {desc}{params}"
+
+    def scores(self, query: str, entries) -> list[float]:
+        user = ("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
+                + f"\n\nRequest: {query}\nWhich tool fulfils the request?")
+        prompt = self.ctx.model.chat_tokens([{"role": "system", "content": self.SYSTEM},
+                                             {"role": "user", "content": user}])
+        ctx = self.ctx
+        for s in range(len(entries) + 1):
+            ctx.seq_rm(s)
+        first = log_softmax(ctx.decode_many([(prompt, 0, 0)])[0])
+        items = []
+        for j, e in enumerate(entries):
+            ctx.seq_cp(0, j + 1)
+            toks = ctx.tokenize(self.label(e, entries), add_special=False, parse_special=False) + self.end
+            items.append((toks, len(prompt), j + 1))
+        rest = ctx.continuation_logprobs(items)
+        out = [float(first[toks[0]]) + sum(lp) for (toks, _, _), lp in zip(items, rest)]
+        for s in range(len(entries) + 1):
+            ctx.seq_rm(s)
+        return out
+
+
+def part_queries(part: str, keys: set[str]) -> list[dict]:
+    if part == "dev":
+        qs = dev_requests(part_servers(part))
+    else:
+        qs = [q for f in TEST_QUERIES if f.is_file() for q in load_queries(f)]
+    return [q for q in qs if gold_keys(q) & keys]
+
+
+def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str) -> Path:
+    servers = part_servers(part)
+    tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
+    qs = part_queries(part, {t.key for t in tools})[::stride][:max_queries]
+    emb = Embedder(DEFAULT_EMBEDDER)
+    router = Router(_index_for(tools, emb), RouterConfig(reranker="none", prefix_store=False), embedder=emb)
+    index = router.index
+    small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
+    likelihood = LikelihoodReranker(small, store=None)
+    choosers = {name: ChoiceScorer(CHOOSERS[name], k) for name in choosers}
+    run = Run(SUITE, dict(part=part, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
+                          embedder=DEFAULT_EMBEDDER,
+                          examples=None, tools=len(tools)),
+              models={"embedder": model_identity(DEFAULT_EMBEDDER, kind="embedder"),
+                      "llm_small": model_identity("qwen2.5-0.5b"), "llm_large": model_identity("qwen2.5-1.5b")})
+    rows, t0 = [], time.time()
+    for n, q in enumerate(qs):
+        scores, _ = router.retrieve(q["query"], q.get("history"))
+        order = [int(i) for i in np.argsort(-scores, kind="stable")]
+        cand: list[int] = []
+        for i in order:
+            if not any(i in index.interchangeable(c) for c in cand):
+                cand.append(i)
+            if len(cand) == POOL:
+                break
+        gold = with_interchangeable(gold_keys(q), index)
+        head = [index.tools[i] for i in cand[:k]]
+        row = {"id": q.get("id"), "gold": sorted(gold), "follow_up": bool(q.get("history")),
+               "cands": [index.tools[i].key for i in cand], "retriever": [float(scores[i]) for i in cand],
+               "gold_rank": next((r for r, i in enumerate(order) if index.tools[i].key in gold), None)}
+        request = q["query"]
+        row["ll05"] = likelihood.log_likelihoods(likelihood.scored_text(request), head)
+        for name, chooser in choosers.items():
+            row[name] = chooser.scores(request, head)
+        rows.append(row)
+        if n % 10 == 0:
+            print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
+    return Path(run.write({"n": len(rows)}, {"queries": rows}, out_dir=out_dir)["files"]["json"])
+
+
+def _rank(xs):
+    order = np.argsort(-np.asarray(xs, dtype=np.float64), kind="stable")
+    r = np.empty(len(xs))
+    r[order] = np.arange(1, len(xs) + 1)
+    return r
+
+
+def fuse(path: Path) -> None:
+    doc = json.loads(Path(path).read_text())
+    rows = doc["samples"]["queries"]
+    k = doc["params"]["k"]
+    n = len(rows)
+
+    def acc(pick) -> float:
+        return sum(r["cands"][pick(r)] in r["gold"] for r in rows) / n
+
+    print(f"{path}: {n} requests, K = {k}")
+    print(f"retriever top-1 {acc(lambda r: 0):.3f}; gold in the first K {sum(r['gold_rank'] is not None and r['gold_rank'] < k for r in rows) / n:.3f}")
+    for sig in [s for s in ("ll05", "choice05", "choice15") if s in rows[0]]:
+        print(f"{sig} alone {acc(lambda r, s=sig: int(np.argmax(r[s]))):.3f}")
+        for rk in (1, 5, 60):
+            def rrf(r, s=sig, c=rk):
+                f = 1 / (c + _rank(r["retriever"][:k])) + 1 / (c + _rank(r[s]))
+                return int(np.argmax(f))
+            print(f"  rrf k={rk} {acc(rrf):.3f}")
+        for w in (0.02, 0.05, 0.1, 0.2):
+            def lin(r, s=sig, w=w):
+                x = np.asarray(r[s], dtype=np.float64)
+                return int(np.argmax(np.asarray(r["retriever"][:k]) + w * (x - x.max())))
+            print(f"  retriever + {w} x {sig} {acc(lin):.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump")
+    d.add_argument("--part", default="dev", choices=("dev", "test"))
+    d.add_argument("--k", type=int, default=5)
+    d.add_argument("--max-queries", type=int, default=None)
+    d.add_argument("--stride", type=int, default=1, help="every N-th request (the requests are grouped by tool)")
+    d.add_argument("--choosers", default="choice15", help=f"comma-separated, of {sorted(CHOOSERS)}")
+    d.add_argument("--out", default="results")
+    f = sub.add_parser("fuse")
+    f.add_argument("file")
+    a = ap.parse_args()
+    if a.cmd == "dump":
+        print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out))
+    else:
+        fuse(Path(a.file))
+
+
+if __name__ == "__main__":
+    main()

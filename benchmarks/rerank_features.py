@@ -76,7 +76,8 @@ class ChoiceScorer:
         ctx = self.ctx
         for s in range(len(entries) + 1):
             ctx.seq_rm(s)
-        first = log_softmax(ctx.decode_many([(prompt, 0, 0)])[0])
+        ctx.decode(prompt, 0, seq_id=0)  # in n_batch chunks: five cards can run past one batch
+        first = log_softmax(ctx.logits())
         items = []
         for j, e in enumerate(entries):
             ctx.seq_cp(0, j + 1)

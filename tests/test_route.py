@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -91,7 +92,7 @@ def test_escalation_uses_the_reranker(forge_dir, embedder):
     class Reverse:
         """A reranker that prefers the retriever's last candidate: proves the reranker decides on escalation."""
 
-        def score(self, query, entries, base):
+        def score(self, query, entries, base, context=""):
             return [-float(b) for b in base]
 
     r = Router(forge_dir, RouterConfig(reranker="none", rerank_k=4), embedder=embedder)
@@ -211,21 +212,30 @@ def test_cli_route_errors(forge_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_llm_reranker_is_constrained_to_the_candidates(forge_dir):
-    """The trie-constrained LLM choice (real SmolLM2) always lands on one of the candidates, deterministically."""
+def test_llm_reranker_scores_each_candidates_name_as_the_answer(forge_dir):
+    """The name-choice reranker (real SmolLM2) gives every candidate the log-probability of being the answer: the
+    answers are distinct, so their probabilities sum to at most 1; scoring one copy at a time gives the same values as
+    scoring all copies in one batch; the same request gives the same scores."""
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel
     from nexus_cli.routing.rerank import LLMReranker
 
     idx = load_index(forge_dir)
     by_name = {t.name: t for t in idx.tools}
     cands = [by_name[n] for n in ("list_issues", "merge_pull_request", "create_branch", "get_user")]
-    ctx = LlamaContext(LlamaModel("smollm2-135m"), n_ctx=1024)
-    rr = LLMReranker(ctx)
-    j = rr.choose("merge pull request 12 in acme/api", cands)
-    assert 0 <= j < len(cands)
-    assert rr.choose("merge pull request 12 in acme/api", cands) == j
-    scores = rr.score("merge pull request 12 in acme/api", cands, [0.5, 0.4, 0.3, 0.2])
-    assert int(np.argmax(scores)) == j
+    model = LlamaModel("smollm2-135m")
+    wide = LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=LLMReranker.SEQ + 1 + len(cands)))
+    narrow = LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=LLMReranker.SEQ + 2))  # one copy at a time
+    query = "merge pull request 12 in acme/api"
+    lp = wide.name_logprobs(query, cands)
+    assert len(lp) == len(cands) and all(np.isfinite(x) and x < 0 for x in lp)
+    assert float(np.exp(lp).sum()) <= 1.0 + 1e-6
+    assert narrow.name_logprobs(query, cands) == pytest.approx(lp, abs=2e-3)
+    assert wide.name_logprobs(query, cands) == pytest.approx(lp, abs=1e-6)
+    assert wide.choose(query, cands) == int(np.argmax(lp))
+    # two candidates of one name are told apart by their server in the answer
+    twin = dataclasses.replace(cands[0], server="other")
+    assert LLMReranker.label(cands[0], [cands[0], twin]) == f"list_issues ({cands[0].server})"
+    assert LLMReranker.label(cands[1], [cands[0], twin, cands[1]]) == "merge_pull_request"
 
 
 def test_rrf_fuse_ranks_by_both_lists():
@@ -456,7 +466,7 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
     seen = []
 
     class Recording:
-        def score(self, query, entries, base):
+        def score(self, query, entries, base, context=""):
             seen.append([e.key for e in entries])
             return [float(b) for b in base]
 

@@ -2,9 +2,8 @@
 
 * `LikelihoodReranker` (the default on escalation): the LLM scores the request's tokens as a continuation of each
   candidate's description (query likelihood, nothing trained), fused with the retriever's order by reciprocal ranks.
-* `LLMReranker` (`--reranker llm`): the LLM reads the request and the candidates (name + first description
-  sentence) and answers with one name; decoding is constrained token by token to the native tool-name trie
-  (kernels.Trie), so it can only emit a candidate.
+* `LLMReranker` (`--reranker llm`): the LLM reads the request and the candidates as short cards, and each candidate
+  is scored by the probability that the LLM answers with its name.
 """
 
 from __future__ import annotations
@@ -13,88 +12,110 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import kernels, textgen
+from .. import textgen
 from ..adapters.llama import log_softmax
 from ..prefix_store import PrefixStore
 
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
 # decoded once per candidate): over the top 5 it reached the same top-1 as over the top 10 at half the cost, and
-# scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5 (docs/routing.md).
-RERANK_K = {"likelihood": 4, "llm": 10}
+# scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5; the gold tool is
+# among the retriever's first 5 for 88 % of the leave-servers-out dev requests, the llm reranker's reach (docs/routing.md).
+RERANK_K = {"likelihood": 4, "llm": 5}
 
 
 class LLMReranker:
-    """Let the LLM pick one of the candidates; the output is constrained to the candidates' names by the native trie.
+    """The LLM reads the candidates as short cards and the request, and each candidate is scored by the probability
+    that the LLM answers with its name: log p(name, end of turn | cards, request), summed over the name's tokens. The
+    whole answer is scored (the name and the end of the turn), so a name that begins another ("git_diff",
+    "git_diff_staged") is not favoured, and every candidate gets a score the fusion can use; the answer can only be
+    one of the candidates, as if decoding were held to the candidates' names.
 
-    Scores: the chosen candidate gets 1.0 + its base score, the others their base score minus 1 (so the order of
-    the rest is the retriever's)."""
+    A card: the name (with its server when two candidates share a name), the server, the first DESC_WORDS words of the
+    description and the first MAX_PARAMS parameter names. The prompt is decoded once, on sequence SEQ; each
+    candidate's answer is scored on a copy of it (sequences SEQ + 1 ...), all in one batch."""
 
     name = "llm"
-    SEQ = 1  # its own KV sequence: sequence 0 belongs to argument generation (which keeps a warm prefix there)
+    SEQ = 1  # the prompt's sequence, its copies after it; sequence 0 keeps argument generation's warm prefix
+    DESC_WORDS = 40
+    MAX_PARAMS = 6
+    # chosen on the leave-servers-out dev part among 0.02 / 0.05 / 0.1 / 0.2 (docs/routing.md, "Rerankers")
+    WEIGHT = 0.1
+    SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
+              "as written in the list.")
 
-    def __init__(self, ctx, index=None, max_desc_words: int = 18):
+    def __init__(self, ctx, index=None):
         self.ctx = ctx
-        self.max_desc_words = max_desc_words
-        self._eog = None
+        self._end = None
 
-    def _prompt(self, query: str, entries: Sequence) -> list[int]:
-        lines = []
-        for e in entries:
-            desc = textgen.truncate_words(textgen.first_sentence(e.description) or e.description, self.max_desc_words)
-            lines.append(f"- {e.name}: {desc}")
-        system = ("You choose the one tool that fulfils the user's request. Answer with the tool name only, exactly "
-                  "as written in the list.")
-        user = "Tools:\n" + "\n".join(lines) + f"\n\nRequest: {query}\nTool:"
-        return self.ctx.model.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": user}])
+    @staticmethod
+    def label(entry, entries: Sequence) -> str:
+        """What the LLM answers for this candidate: its name, with its server when another candidate has that name."""
+        twins = sum(1 for e in entries if e.name == entry.name)
+        return entry.name if twins == 1 else f"{entry.name} ({entry.server})"
 
-    def choose(self, query: str, entries: Sequence) -> int:
-        trie = kernels.Trie()
-        seqs = {}
-        for j, e in enumerate(entries):
-            toks = self.ctx.tokenize(e.name, add_special=False, parse_special=False)
-            if tuple(toks) not in seqs and toks:
-                seqs[tuple(toks)] = j
-                trie.insert(toks, j)
-        prompt = self._prompt(query, entries)
-        seq = self.SEQ
-        self.ctx.seq_rm(seq)
-        self.ctx.decode(prompt, 0, seq_id=seq)
-        pos = len(prompt)
-        prefix: list[int] = []
-        for _ in range(64):
-            allowed, terminal = trie.next(prefix)
-            allowed = list(allowed)
-            if terminal is not None and terminal >= 0 and not allowed:
-                return int(terminal)
-            logits = self.ctx.logits()
-            best_tok, best_val = None, -np.inf
-            for t in allowed:
-                if logits[t] > best_val:
-                    best_tok, best_val = int(t), float(logits[t])
-            if terminal is not None and terminal >= 0:
-                # the name may end here: stop if the model prefers ending (any end-of-generation token) to going on
-                eog = max(float(logits[t]) for t in self._eog_tokens())
-                if eog >= best_val:
-                    return int(terminal)
-            if best_tok is None:
-                break
-            prefix.append(best_tok)
-            self.ctx.decode([best_tok], pos, seq_id=seq)
-            pos += 1
-        return 0
+    def card(self, entry, entries: Sequence) -> str:
+        desc = textgen.truncate_words(textgen.clean_description(entry.description or ""), self.DESC_WORDS)
+        props = list(((entry.input_schema or {}).get("properties") or {}).keys())[: self.MAX_PARAMS]
+        params = f"\n  parameters: {', '.join(props)}" if props else ""
+        return f"- {self.label(entry, entries)} (server: {entry.server})\n  {desc}{params}"
 
-    def _eog_tokens(self) -> list[int]:
-        if self._eog is None:
-            cands = self.ctx.tokenize("<|im_end|>", add_special=False, parse_special=True)
-            nl = self.ctx.tokenize("\n", add_special=False, parse_special=False)
-            self._eog = [t for t in cands + nl[-1:] if self.ctx.model.is_eog(t) or t in nl]
-            if not self._eog:
-                self._eog = nl[-1:]
-        return self._eog
+    def prompt(self, query: str, entries: Sequence, context: str = "") -> list[int]:
+        """context: the conversation's recent turns (router.routing_context), so a follow-up ("close it") can be
+        read against what it follows."""
+        earlier = f"Earlier in the conversation: {context}\n" if context else ""
+        user = ("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
+                + f"\n\n{earlier}Request: {query}\nWhich tool fulfils the request?")
+        return self.ctx.model.chat_tokens([{"role": "system", "content": self.SYSTEM},
+                                           {"role": "user", "content": user}])
 
-    def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
-        j = self.choose(query, entries)
-        return [float(b) + (1.0 if i == j else -1.0) for i, b in enumerate(base_scores)]
+    def _end_tokens(self) -> list[int]:
+        """The tokens that end the assistant's turn (Qwen's <|im_end|>; a newline where the template has none)."""
+        if self._end is None:
+            end = self.ctx.tokenize("<|im_end|>", add_special=False, parse_special=True)
+            self._end = end if len(end) == 1 and self.ctx.model.is_eog(end[0]) else \
+                self.ctx.tokenize("\n", add_special=False, parse_special=False)[-1:]
+        return self._end
+
+    def name_logprobs(self, query: str, entries: Sequence, context: str = "") -> list[float]:
+        """log p(answer = each candidate's label) in nats, in the candidates' order."""
+        ctx = self.ctx
+        prompt = self.prompt(query, entries, context)
+        answers = [ctx.tokenize(self.label(e, entries), add_special=False, parse_special=False) + self._end_tokens()
+                   for e in entries]
+        width = max(1, ctx.n_seq_max - self.SEQ - 1)
+        out: list[float] = []
+        ctx.seq_rm(self.SEQ)
+        try:
+            ctx.decode(prompt, 0, seq_id=self.SEQ)
+            first = log_softmax(ctx.logits())
+            for g0 in range(0, len(answers), width):
+                group = answers[g0:g0 + width]
+                items = []
+                for n, toks in enumerate(group):
+                    seq = self.SEQ + 1 + n
+                    ctx.seq_rm(seq)
+                    ctx.seq_cp(self.SEQ, seq)
+                    items.append((toks, len(prompt), seq))
+                try:
+                    rest = ctx.continuation_logprobs(items)
+                finally:
+                    for n in range(len(group)):
+                        ctx.seq_rm(self.SEQ + 1 + n)
+                out += [float(first[toks[0]]) + float(sum(lp)) for toks, lp in zip(group, rest)]
+        finally:
+            ctx.seq_rm(self.SEQ)
+        return out
+
+    def choose(self, query: str, entries: Sequence, context: str = "") -> int:
+        """The candidate the LLM most probably names."""
+        return int(np.argmax(self.name_logprobs(query, entries, context)))
+
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
+        """The retriever's score plus WEIGHT x (log p(name) - the best log p(name)): a candidate the LLM finds
+        10 nats less likely than its favourite loses one unit of retriever score (cosine-scale), so a retriever lead
+        survives an LLM that is unsure and gives way to one that is sure."""
+        lp = np.asarray(self.name_logprobs(query, entries, context), dtype=np.float64)
+        return [float(b) + self.WEIGHT * float(x) for b, x in zip(base_scores, lp - lp.max())]
 
 
 class LikelihoodReranker:
@@ -230,7 +251,8 @@ class LikelihoodReranker:
         masked = textgen.mask_values(query)
         return masked if masked.strip() else query
 
-    def score(self, query: str, entries: Sequence, base_scores: Sequence[float]) -> list[float]:
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
+        """context is not read: the request alone is scored (the retriever already weighs the history in)."""
         return rrf_fuse(base_scores, self.log_likelihoods(self.scored_text(query), entries), self.RRF_K)
 
 

@@ -92,7 +92,8 @@ class RouterConfig:
     reranker: str = "auto"  # auto: none for an embedder fine-tuned on example requests, else likelihood
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
-    model: str = DEFAULT_LLM  # LLM for arguments (and the llm / likelihood rerankers)
+    model: str = DEFAULT_LLM  # LLM for arguments (and the llm / likelihood rerankers unless rerank_model is given)
+    rerank_model: str | None = None  # LLM of the llm / likelihood rerankers; None: `model`
     args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     threads: int | None = None
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
@@ -131,6 +132,7 @@ class Router:
         if self.rerank_k < 2:
             raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
         self._llm = llm
+        self._rerank_llm = None  # the rerankers' own context when config.rerank_model differs from config.model
         self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._specs: dict[str, object] = {}  # tool key -> ToolSpec, made once per tool
@@ -172,20 +174,33 @@ class Router:
         if self._reranker is None and self._reranker_name != "none":
             if self._reranker_name == "likelihood":
                 store = PrefixStore.default() if self.config.prefix_store else None
-                self._reranker = LikelihoodReranker(self.llm(), mask_values=self.config.rerank_masking, store=store)
+                self._reranker = LikelihoodReranker(self.rerank_llm(), mask_values=self.config.rerank_masking,
+                                                    store=store)
             else:
-                self._reranker = LLMReranker(self.llm())
+                self._reranker = LLMReranker(self.rerank_llm())
         return self._reranker
 
+    def _context(self, name: str):
+        # sequence 0: arguments; 1: the llm reranker's prompt, 2..: its copies, or the likelihood reranker's
+        # candidates, scored together. Flash attention: the reranker's batched decode over restored prefixes took
+        # 7-13 % less time with it, with the same decisions (docs/routing.md, "Latency")
+        return LlamaContext(LlamaModel(name), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.rerank_k,
+                            flash_attn=True)
+
     def llm(self):
+        """The LLM context of argument generation (config.model), made on first use."""
         if self._llm is None:
-            model = LlamaModel(self.config.model)
-            # sequence 0: arguments; 1: the llm reranker; 2..: the likelihood reranker's candidates, scored together.
-            # Flash attention: the reranker's batched decode over restored prefixes took 7-13 % less time with it,
-            # with the same decisions (docs/routing.md, "Latency")
-            self._llm = LlamaContext(model, n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.rerank_k,
-                                     flash_attn=True)
+            self._llm = self._context(self.config.model)
         return self._llm
+
+    def rerank_llm(self):
+        """The rerankers' LLM context: config.rerank_model's own, or the arguments' one when it is the same model."""
+        name = self.config.rerank_model
+        if name is None or name == self.config.model:
+            return self.llm()
+        if self._rerank_llm is None:
+            self._rerank_llm = self._context(name)
+        return self._rerank_llm
 
     @property
     def reranker_name(self) -> str:
@@ -247,7 +262,8 @@ class Router:
                     break
                 if not any(i in self.index.interchangeable(c) for c in cand):
                     cand.append(i)
-            rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand])
+            rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand],
+                                       context=routing_context(history))
             rorder = np.argsort(-np.asarray(rs), kind="stable")
             head: list[int] = []
             for j in rorder:

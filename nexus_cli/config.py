@@ -120,6 +120,9 @@ DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
 DEFAULT_ARGS_TIME_LIMIT_S = 30.0  # one argument generation, retries and second passes included (arguments.pipeline)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
 SYNTHESIS_MODEL = "qwen2.5-1.5b"  # writes example requests (`nexus index --synthesize`)
+# The llm reranker's model unless --rerank-model says otherwise (the likelihood reranker uses --model): the name
+# choice was measured with it (docs/routing.md, "Rerankers")
+LLM_RERANKER_MODEL = "qwen2.5-1.5b"
 DEFAULT_EMBEDDER = "nexus-router"  # shipped in models/router-embedder; "minilm" stays selectable
 
 # How a tool becomes vectors and how a request's scores are fused (nexus index; chosen by the ablation in

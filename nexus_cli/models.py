@@ -155,7 +155,8 @@ def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
         if spec.bundled and not is_verified(spec, root):  # is_verified is False for a missing file too
             raise _bundled_damaged(spec, weights)
         if not weights.exists():
-            raise ModelError(f"model '{key}' is not in {root}", hint="run `make models` (or `nexus models fetch`)")
+            fetch = "run `make models` (or `nexus models fetch`)" if spec.on_setup else f"run `nexus models fetch {key}`"
+            raise ModelError(f"model '{key}' is not in {root}", hint=fetch)
         if not is_verified(spec, root):
             raise ModelError(f"model '{key}' at {weights} fails its sha256 check", hint="delete it and run `make models`")
         return resolve_path(spec, root)

@@ -238,6 +238,24 @@ def test_llm_reranker_scores_each_candidates_name_as_the_answer(forge_dir):
     assert LLMReranker.label(cands[1], [cands[0], twin, cands[1]]) == "merge_pull_request"
 
 
+@pytest.mark.slow
+def test_the_llm_reranker_runs_on_its_own_model(forge_dir, embedder):
+    """`--rerank-model` gives the reranker its own LLM beside the arguments' one; the llm reranker's default is
+    config.LLM_RERANKER_MODEL, the likelihood reranker's the arguments' model."""
+    from nexus_cli.config import LLM_RERANKER_MODEL
+
+    assert Router(forge_dir, RouterConfig(reranker="none"), embedder=embedder).rerank_model is None
+    r = Router(forge_dir, RouterConfig(reranker="llm", model="smollm2-135m", rerank_model="smollm2-135m"),
+               embedder=embedder)
+    assert r.rerank_model == "smollm2-135m" and r.rerank_llm() is r.llm()  # one model, one context
+    res = r.route("merge pull request 57 in acme/api", with_args=False, rerank=True)
+    assert res.reranker == "llm" and len([c for c in res.candidates if c.rerank_score is not None]) == r.rerank_k == 5
+    lik = Router(forge_dir, RouterConfig(reranker="likelihood", model="smollm2-135m"), embedder=embedder)
+    assert lik.rerank_model == "smollm2-135m"
+    cfg = RouterConfig(reranker="llm", model="smollm2-135m")
+    assert cfg.rerank_model is None and LLM_RERANKER_MODEL == "qwen2.5-1.5b"
+
+
 def test_rrf_fuse_ranks_by_both_lists():
     from nexus_cli.routing.rerank import rrf_fuse
 

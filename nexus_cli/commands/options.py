@@ -37,6 +37,10 @@ def reranker() -> Any:
     return typer.Option("auto", "--reranker", help="auto (none for an embedder fine-tuned on example requests, else likelihood), likelihood, llm or none.")
 
 
+def rerank_model() -> Any:
+    return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm, --model for likelihood).")
+
+
 def results_out(suite: str) -> Any:
     return typer.Option("results", "--out", help=f"Results folder (writes <out>/{suite}/).")
 

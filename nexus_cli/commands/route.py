@@ -77,11 +77,12 @@ def route_command(
     registry: Optional[List[str]] = options.registry(),
     history: Optional[str] = typer.Option(None, "--history", help="JSON file: list of {role, content} earlier turns."),
     no_args: bool = typer.Option(False, "--no-args", help="Stop after routing (no argument generation)."),
-    model: str = typer.Option(DEFAULT_LLM, "--model", "-m", help="LLM for arguments and the llm / likelihood rerankers: smollm2-135m, qwen2.5-0.5b or a .gguf path."),
+    model: str = typer.Option(DEFAULT_LLM, "--model", "-m", help="LLM for arguments (and the likelihood reranker): smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b or a .gguf path."),
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
     reranker: str = options.reranker(),
-    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 10 for llm)."),
+    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 5 for llm)."),
+    rerank_model: Optional[str] = options.rerank_model(),
     as_json: bool = options.as_json(),
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
@@ -99,7 +100,7 @@ def route_command(
             raise UsageError("--rerank-k is not available with --session (a session keeps its router's settings)")
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker,
-                                  args_time_limit_s=args_time_limit or None)
+                                  args_time_limit_s=args_time_limit or None, rerank_model=rerank_model)
         if as_json:
             emit_json(turn.as_json())
         else:
@@ -119,7 +120,8 @@ def route_command(
     hist = _read_history(history) if history else None
     items = _read_batch(batch) if batch else None
     router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k,
-                                        args_time_limit_s=args_time_limit or None), registry=registry)
+                                        rerank_model=rerank_model, args_time_limit_s=args_time_limit or None),
+                    registry=registry)
     if items is not None:
         for n, item in enumerate(items, 1):
             res = router.route(item["query"], history=item.get("history") or hist, with_args=not no_args)

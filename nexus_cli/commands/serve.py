@@ -20,6 +20,7 @@ def serve_command(
     no_args: bool = typer.Option(False, "--no-args", help="Route only: return no arguments (no LLM is loaded)."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates returned per request."),
     reranker: str = options.reranker(),
+    rerank_model: Optional[str] = options.rerank_model(),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the models."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Bit-reproducible arguments: every request prefills cold instead of reusing warm prefixes of other requests."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
@@ -33,7 +34,7 @@ def serve_command(
         raise UsageError("--args-time-limit must be 0 (no limit) or a number of seconds")
     service = stage.make_service(resolve_index(index), registry, model, with_args=not no_args, threads=threads, top_k=top_k,
                                  reranker=reranker, deterministic=deterministic,
-                                 args_time_limit_s=args_time_limit or None)
+                                 args_time_limit_s=args_time_limit or None, rerank_model=rerank_model)
     info = service.info()
     stderr_console().print(
         f"[dim]nexus serve: {info.tools} tools of {info.servers} servers · "

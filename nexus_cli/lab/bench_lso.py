@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..adapters.embedder import Embedder
-from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
+from ..config import DEFAULT_EMBEDDER, REPO_ROOT
 from ..errors import UsageError
 from ..registry import load_example_requests, load_registries
 from ..routing.router import Router, RouterConfig
@@ -67,7 +67,7 @@ def run(
     queries: list[str] | None = None,
     reranker: str = "auto",
     rerank_k: int | None = None,
-    model: str = DEFAULT_LLM,
+    model: str | None = None,
     synthesize_model: str | None = None,
     registry_dir: str | None = None,
     max_queries: int | None = None,
@@ -97,18 +97,18 @@ def run(
     # with synthesize_model, the LLM writes requests for the part's tools as `nexus index --synthesize` does (cached)
     writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
-    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, model=model, prefix_store=False)
+    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False)
     router = Router(_index_for(tools, emb, synthesize=writer), config, embedder=emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
     params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
-                  reranker=used, reranker_option=reranker, model=model if used != "none" else None,
+                  reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
                   max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":
-        models["llm"] = model_identity(model)
+        models["llm"] = model_identity(router.rerank_model)
     run_ = Run(SUITE, params, seed=seed, models=models)
     progress.set_total(len(qs))
     rows = []

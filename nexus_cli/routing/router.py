@@ -17,7 +17,7 @@ import numpy as np
 from ..adapters.embedder import query_embedder
 from ..adapters.llama import LlamaContext, LlamaModel
 from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
@@ -93,7 +93,8 @@ class RouterConfig:
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
     model: str = DEFAULT_LLM  # LLM for arguments (and the llm / likelihood rerankers unless rerank_model is given)
-    rerank_model: str | None = None  # LLM of the llm / likelihood rerankers; None: `model`
+    # LLM of the reranker; None: `model` for likelihood, config.LLM_RERANKER_MODEL for llm
+    rerank_model: str | None = None
     args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     threads: int | None = None
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
@@ -193,10 +194,19 @@ class Router:
             self._llm = self._context(self.config.model)
         return self._llm
 
+    @property
+    def rerank_model(self) -> str | None:
+        """The reranker's LLM (None: no reranker)."""
+        if self._reranker_name == "none":
+            return None
+        if self.config.rerank_model is not None:
+            return self.config.rerank_model
+        return LLM_RERANKER_MODEL if self._reranker_name == "llm" else self.config.model
+
     def rerank_llm(self):
-        """The rerankers' LLM context: config.rerank_model's own, or the arguments' one when it is the same model."""
-        name = self.config.rerank_model
-        if name is None or name == self.config.model:
+        """The reranker's LLM context: its own, or the arguments' one when it is the same model."""
+        name = self.rerank_model
+        if name == self.config.model:
             return self.llm()
         if self._rerank_llm is None:
             self._rerank_llm = self._context(name)

@@ -58,6 +58,7 @@ class EngineConfig:
     args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     top_k: int = 5
     reranker: str = "auto"
+    rerank_model: str | None = None  # the reranker's LLM (RouterConfig.rerank_model)
     threads: int | None = None
     deep_splice: str | None = None  # folder of .atb blocks (nexus compile --flash-attn) or None
     splice_mode: str = "sidecar"  # sidecar (anchored at position 0) or cursor (live cursor, depth-adaptive repair)
@@ -99,7 +100,8 @@ class Engine:
             raise UsageError(f"unknown splice mode '{self.config.splice_mode}' (sidecar, cursor)")
         self.lock = threading.RLock()
         self.router = router or Router(index, RouterConfig(top_k=self.config.top_k, reranker=self.config.reranker,
-                                                           model=self.config.model, threads=self.config.threads),
+                                                           model=self.config.model, threads=self.config.threads,
+                                                           rerank_model=self.config.rerank_model),
                                        embedder=embedder, registry=registry)
         self._model = None
         self._ctx = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -146,28 +147,42 @@ def _rank(xs):
 
 
 def fuse(path: Path) -> None:
+    """Top-1 of each signal and fusion, every request reranked; paired against the shipped default's rule (the
+    likelihood reranker's reciprocal-rank fusion with the retriever over the first 4, k = 60)."""
     doc = json.loads(Path(path).read_text())
     rows = doc["samples"]["queries"]
     k = doc["params"]["k"]
     n = len(rows)
 
-    def acc(pick) -> float:
-        return sum(r["cands"][pick(r)] in r["gold"] for r in rows) / n
+    def hits(pick) -> np.ndarray:
+        return np.array([r["cands"][pick(r)] in r["gold"] for r in rows])
 
-    print(f"{path}: {n} requests, K = {k}")
-    print(f"retriever top-1 {acc(lambda r: 0):.3f}; gold in the first K {sum(r['gold_rank'] is not None and r['gold_rank'] < k for r in rows) / n:.3f}")
+    shipped = hits(lambda r: int(np.argmax(1 / (60 + _rank(r["retriever"][:4])) + 1 / (60 + _rank(r["ll05"][:4])))))
+
+    def show(label: str, h: np.ndarray) -> None:
+        fixed, broken = int((h & ~shipped).sum()), int((~h & shipped).sum())
+        print(f"  {label:<42} {h.mean() * 100:5.1f} %   {fixed:3d} fixed / {broken:3d} broken, sign test p = "
+              f"{sign_test(fixed, broken):.3f}")
+
+    print(f"{path}: {n} requests, K = {k}; gold among the first K: "
+          f"{sum(r['gold_rank'] is not None and r['gold_rank'] < k for r in rows) / n * 100:.1f} %")
+    show("retriever alone", hits(lambda r: 0))
+    show("shipped: likelihood RRF, top 4", shipped)
     for sig in [s for s in ("ll05", "choice05", "choice15") if s in rows[0]]:
-        print(f"{sig} alone {acc(lambda r, s=sig: int(np.argmax(r[s]))):.3f}")
-        for rk in (1, 5, 60):
-            def rrf(r, s=sig, c=rk):
-                f = 1 / (c + _rank(r["retriever"][:k])) + 1 / (c + _rank(r[s]))
-                return int(np.argmax(f))
-            print(f"  rrf k={rk} {acc(rrf):.3f}")
+        show(f"{sig} alone", hits(lambda r, s=sig: int(np.argmax(r[s]))))
+        show(f"{sig} RRF (k = 60) with the retriever", hits(
+            lambda r, s=sig: int(np.argmax(1 / (60 + _rank(r["retriever"][:k])) + 1 / (60 + _rank(r[s]))))))
         for w in (0.02, 0.05, 0.1, 0.2):
-            def lin(r, s=sig, w=w):
+            def linear(r, s=sig, w=w):
                 x = np.asarray(r[s], dtype=np.float64)
                 return int(np.argmax(np.asarray(r["retriever"][:k]) + w * (x - x.max())))
-            print(f"  retriever + {w} x {sig} {acc(lin):.3f}")
+            show(f"retriever + {w} x {sig}", hits(linear))
+
+
+def sign_test(fixed: int, broken: int) -> float:
+    """Two-sided exact sign test of fixed against broken requests."""
+    n, low = fixed + broken, min(fixed, broken)
+    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
 
 
 def main() -> None:

@@ -24,6 +24,11 @@ def _sp(s):
     return "—" if not s else f"{s['value']:.2f}x [{s['lo']:.2f}, {s['hi']:.2f}]"
 
 
+def _floor_bound(worst: float) -> str:
+    """"floor 0" when every floor was exactly 0, else its bound."""
+    return "floor 0" if worst == 0 else f"floor ≤ {_kl(worst)}"
+
+
 def _kl(v):
     if v is None:
         return "—"
@@ -269,8 +274,8 @@ def _headline_rows(out_dir: Path) -> list[str]:
         next(c for c in s["cells"].values() if c["K"] == 4 and c["depth"] == 256)), "—", variants_too=True)
     add("dkl", "bare splice KL off the anchor (mean, min–max over offsets)", lambda s, p: (
         f"{min(r['kl_mean']['value'] for r in s['rows'] if r['offset']):.3f}–"
-        f"{max(r['kl_mean']['value'] for r in s['rows'] if r['offset']):.3f} nats (floor ≤ "
-        f"{_kl(max(r['floor_max'] for r in s['rows']))})"), "0.008–0.038 nats", variants_too=True)
+        f"{max(r['kl_mean']['value'] for r in s['rows'] if r['offset']):.3f} nats "
+        f"({_floor_bound(max(r['floor_max'] for r in s['rows']))})"), "0.008–0.038 nats", variants_too=True)
     add("gate", "reference-free drift gate, mean Spearman ρ", lambda s, p: f"{s['mean_rho']:.3f}", "0.193",
         variants_too=True)
     add("slb", "SLB scan, N = 250, d = 384: native / from Python", lambda s, p: (lambda r: (

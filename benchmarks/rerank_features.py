@@ -9,7 +9,7 @@ every request, keeps the retriever's first ten distinct tools (a copy of a tool 
 their fused scores, then scores the first K of them with:
 
 * `ll05`: the query likelihood of Qwen2.5-Coder-0.5B (the shipped `likelihood` reranker's signal, masked request);
-* `choice05`, `choice15`: the log-probability that Qwen2.5-Coder-0.5B / -1.5B, shown the K candidates as short cards
+* `choice05`, `choice15`: `rerank.LLMReranker.name_logprobs`, the log-probability that Qwen2.5-Coder-0.5B / -1.5B, shown the K candidates as short cards
   (name, server, description, parameters) and the request, answers with each candidate's name (the whole name and
   the end of the turn, so a name that is the prefix of another is not favoured).
 
@@ -30,16 +30,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nexus_cli import textgen  # noqa: E402
 from nexus_cli.adapters.embedder import Embedder  # noqa: E402
-from nexus_cli.adapters.llama import LlamaContext, LlamaModel, log_softmax  # noqa: E402
+from nexus_cli.adapters.llama import LlamaContext, LlamaModel  # noqa: E402
 from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
 from nexus_cli.lab.bench_lso import EXAMPLES, TEST_QUERIES, dev_requests, part_servers  # noqa: E402
 from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries, with_interchangeable  # noqa: E402
 from nexus_cli.lab.common import registry_dir_default  # noqa: E402
 from nexus_cli.lab.results import Run, model_identity  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
-from nexus_cli.routing.rerank import LikelihoodReranker  # noqa: E402
+from nexus_cli.routing.rerank import LikelihoodReranker, LLMReranker, rrf_fuse  # noqa: E402
 from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 SUITE = "rerank-features"
@@ -47,48 +46,9 @@ POOL = 10
 CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
 
 
-class ChoiceScorer:
-    """log p(the LLM answers with this candidate's name | the candidates' cards and the request), per candidate."""
-
-    SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
-              "as written in the list.")
-
-    def __init__(self, model: str, k: int, desc_words: int = 40, max_params: int = 6):
-        self.ctx = LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=k + 1)
-        self.desc_words = desc_words
-        self.max_params = max_params
-        self.end = self.ctx.tokenize("<|im_end|>", add_special=False, parse_special=True)
-
-    def label(self, e, entries) -> str:
-        same = sum(1 for x in entries if x.name == e.name)
-        return e.name if same == 1 else f"{e.name} ({e.server})"
-
-    def card(self, e, entries) -> str:
-        desc = textgen.truncate_words(textgen.clean_description(e.description or ""), self.desc_words)
-        props = list(((e.input_schema or {}).get("properties") or {}).keys())[: self.max_params]
-        params = f"\n  parameters: {', '.join(props)}" if props else ""
-        return f"- {self.label(e, entries)} (server: {e.server})\n  {desc}{params}"
-
-    def scores(self, query: str, entries) -> list[float]:
-        user = ("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
-                + f"\n\nRequest: {query}\nWhich tool fulfils the request?")
-        prompt = self.ctx.model.chat_tokens([{"role": "system", "content": self.SYSTEM},
-                                             {"role": "user", "content": user}])
-        ctx = self.ctx
-        for s in range(len(entries) + 1):
-            ctx.seq_rm(s)
-        ctx.decode(prompt, 0, seq_id=0)  # in n_batch chunks: five cards can run past one batch
-        first = log_softmax(ctx.logits())
-        items = []
-        for j, e in enumerate(entries):
-            ctx.seq_cp(0, j + 1)
-            toks = ctx.tokenize(self.label(e, entries), add_special=False, parse_special=False) + self.end
-            items.append((toks, len(prompt), j + 1))
-        rest = ctx.continuation_logprobs(items)
-        out = [float(first[toks[0]]) + sum(lp) for (toks, _, _), lp in zip(items, rest)]
-        for s in range(len(entries) + 1):
-            ctx.seq_rm(s)
-        return out
+def choice_scorer(model: str, k: int) -> LLMReranker:
+    """The product's name-choice reranker on its own context (the prompt's sequence and one copy per candidate)."""
+    return LLMReranker(LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k))
 
 
 def part_queries(part: str, keys: set[str]) -> list[dict]:
@@ -108,7 +68,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     index = router.index
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
-    choosers = {name: ChoiceScorer(CHOOSERS[name], k) for name in choosers}
+    choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
     run = Run(SUITE, dict(part=part, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools)),
@@ -132,18 +92,11 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
         request = q["query"]
         row["ll05"] = likelihood.log_likelihoods(likelihood.scored_text(request), head)
         for name, chooser in choosers.items():
-            row[name] = chooser.scores(request, head)
+            row[name] = chooser.name_logprobs(request, head)
         rows.append(row)
         if n % 10 == 0:
             print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
     return Path(run.write({"n": len(rows)}, {"queries": rows}, out_dir=out_dir)["files"]["json"])
-
-
-def _rank(xs):
-    order = np.argsort(-np.asarray(xs, dtype=np.float64), kind="stable")
-    r = np.empty(len(xs))
-    r[order] = np.arange(1, len(xs) + 1)
-    return r
 
 
 def fuse(path: Path) -> None:
@@ -157,7 +110,7 @@ def fuse(path: Path) -> None:
     def hits(pick) -> np.ndarray:
         return np.array([r["cands"][pick(r)] in r["gold"] for r in rows])
 
-    shipped = hits(lambda r: int(np.argmax(1 / (60 + _rank(r["retriever"][:4])) + 1 / (60 + _rank(r["ll05"][:4])))))
+    shipped = hits(lambda r: int(np.argmax(rrf_fuse(r["retriever"][:4], r["ll05"][:4], 60))))
 
     def show(label: str, h: np.ndarray) -> None:
         fixed, broken = int((h & ~shipped).sum()), int((~h & shipped).sum())
@@ -171,7 +124,7 @@ def fuse(path: Path) -> None:
     for sig in [s for s in ("ll05", "choice05", "choice15") if s in rows[0]]:
         show(f"{sig} alone", hits(lambda r, s=sig: int(np.argmax(r[s]))))
         show(f"{sig} RRF (k = 60) with the retriever", hits(
-            lambda r, s=sig: int(np.argmax(1 / (60 + _rank(r["retriever"][:k])) + 1 / (60 + _rank(r[s]))))))
+            lambda r, s=sig: int(np.argmax(rrf_fuse(r["retriever"][:k], r[s], 60)))))
         for w in (0.02, 0.05, 0.1, 0.2):
             def linear(r, s=sig, w=w):
                 x = np.asarray(r[s], dtype=np.float64)

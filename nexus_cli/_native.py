@@ -30,6 +30,9 @@ SIMD_NEON = 4
 SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_AVX512: "avx512", SIMD_AVX512_VNNI: "avx512_vnni",
               SIMD_NEON: "neon"}
 
+ACT_NONE = 0
+ACT_GELU = 1
+
 ROPE_NORM = 0
 ROPE_NEOX = 2
 
@@ -128,10 +131,20 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
     #                        float query_scale, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out);
     sig("nexus_slb_topk", i32, vp, vp, i64, i32, vp, fl, i32, vp, vp, vp)
+    # int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t n, int32_t dim,
+    #                               const float *query, const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k,
+    #                               float base, float *out);
+    sig("nexus_slb_tool_scores", i32, vp, vp, i64, i32, vp, vp, i64, i32, fl, vp)
     # int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim,
     #                              const int8_t *query, float query_scale, int32_t k, int32_t n_warmup,
     #                              int32_t n_reps, double *ns_out);
     sig("nexus_slb_topk_timed", i32, vp, vp, i64, i32, vp, fl, i32, i32, i32, vp)
+    # int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
+    #                          int32_t activation, float *y);
+    sig("nexus_linear_f16", i32, vp, i64, i32, vp, i32, vp, i32, vp)
+    # int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,
+    #                          const float *beta, float eps, float *y);
+    sig("nexus_layer_norm", i32, vp, vp, i64, i32, vp, vp, fl, vp)
     # int32_t nexus_trie_create(nexus_trie **out);
     sig("nexus_trie_create", i32, P(vp))
     # void nexus_trie_free(nexus_trie *trie);
@@ -269,3 +282,32 @@ class FastTopk:
         if st:
             check(st)
         return self.n_out.value
+
+
+class FastCall:
+    """One libnexus function with every argument converted to a ctypes value once; a call passes them as they are.
+
+    It goes through a separate function object without argtypes, which skips per-call conversion; the caller keeps
+    the buffers the pointers name alive and writes its inputs into them in place."""
+
+    def __init__(self, name: str, *args):
+        self._fn = lib()[name]  # __getitem__ gives a new function object: its own (empty) argtypes
+        self._fn.restype = ctypes.c_int32
+        self._args = args
+
+    def __call__(self) -> None:
+        st = self._fn(*self._args)
+        if st:
+            check(st)
+
+
+def c_i64(v: int):
+    return ctypes.c_int64(v)
+
+
+def c_i32(v: int):
+    return ctypes.c_int32(v)
+
+
+def c_f32(v: float):
+    return ctypes.c_float(v)

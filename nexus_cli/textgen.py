@@ -6,6 +6,7 @@ input schema (and, for probes, a seeded RNG), so an index is reproducible from i
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from typing import Any, Iterable, Sequence
@@ -245,6 +246,7 @@ _STOP = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a request's words repeat across requests: the router's lexical step reuses them
 def stem(w: str) -> str:
     """A very light English suffix stripper (enough to join list/lists, issue/issues, commit/commits/committed)."""
     for suf, rep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):

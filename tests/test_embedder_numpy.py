@@ -83,10 +83,17 @@ def test_shipped_router_embedder_is_float16_on_disk_and_float32_in_both_encoders
     assert {v.dtype for v in stored.values()} == {np.dtype(np.float16)}
     torch_side = Embedder("nexus-router", query_precision="float32")
     assert {p.dtype for p in torch_side.model.parameters()} == {__import__("torch").float32}
+    # the route-time encoder keeps the float16 weights: its dense layers run in libnexus (kernels.LinearF16), the
+    # same float32 arithmetic in another order of sums; NumPy float32 (native=False) is the baseline it replaced
     numpy_side = query_embedder("nexus-router")
-    assert isinstance(numpy_side, NumpyBertEncoder) and numpy_side.word.dtype == np.float32
+    assert isinstance(numpy_side, NumpyBertEncoder) and numpy_side.half and numpy_side.word.dtype == np.float16
+    f32_side = NumpyBertEncoder(path, native=False)
+    assert not f32_side.half and f32_side.word.dtype == np.float32
     got, want = numpy_side.encode(TEXTS), torch_side.encode(TEXTS, role="query")
     assert float(np.abs(got - want).max()) < 2e-5
+    assert float(np.abs(got - f32_side.encode(TEXTS)).max()) < 2e-5
+    for text in TEXTS[:3]:  # one text alone and in a batch
+        assert float(np.abs(numpy_side.encode_one(text) - f32_side.encode_one(text)).max()) < 2e-5
 
 
 def _model_copy(src: Path, dst: Path) -> Path:

@@ -111,6 +111,30 @@ def test_dense_scores_match_float_cosine(forge_index, embedder):
     assert int(np.argmax(dense)) == int(np.argmax(ref))
 
 
+def test_native_scan_step_keeps_every_score_of_the_one_it_replaced(forge_index, embedder):
+    """The router's dense step (one native call: quantize, scan, per-tool max, floor) gives the same scores, bit for
+    bit, as the top-k scan + NumPy maximum it replaced (`nexus bench latency`'s baseline), and so does the whole
+    scan step over both with BM25 fusion; the benchmark's scan measurement checks the same on its own."""
+    from nexus_cli.lab.bench_latency import measure_scan, previous_dense
+    from nexus_cli.routing.scoring import SCAN_K, request_scores, request_texts
+
+    out, _ = forge_index
+    idx = load_index(out)
+    assert idx.slb.n_vectors > SCAN_K // 4
+    prepared = []
+    for q in ["merge the pull request", "open a PR in acme/api from feature/x titled 'Fix login'", "list issues"]:
+        texts = request_texts(q, idx.value_masking)
+        vecs = list(embedder.encode_few(texts))
+        for v in vecs:
+            assert np.array_equal(dense_tool_scores(idx.slb, v)[0], previous_dense(idx.slb, v)[0])
+        a, _ = request_scores(idx.slb, idx.bm25, idx.lex_weight(), texts, vecs)
+        b, _ = request_scores(idx.slb, idx.bm25, idx.lex_weight(), texts, vecs, dense_fn=previous_dense)
+        assert np.array_equal(a, b)
+        prepared.append((texts, vecs))
+    res = measure_scan(idx, prepared, reps=2)
+    assert res["identical_scores"] is True and res["product"]["n"] == res["previous"]["n"] == 6
+
+
 # ---------------------------------------------------------------------------------------------- build
 
 

@@ -349,3 +349,124 @@ def test_missing_library_says_how_to_build_it(tmp_path):
     env = dict(os.environ, NEXUS_LIB=str(tmp_path / "nope.so"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=True)
     assert "libnexus not found at" in out.stdout and "make native" in out.stdout
+
+
+# ---------------------------------------------------------------- per-tool scores (the router's dense step)
+
+def _previous_dense(db, scales, owners, n_tools, query, k):
+    """What the router computed before the per-tool scorer: a top-k scan, then each tool's maximum in NumPy."""
+    q, qs = kernels.quantize_i8(query.reshape(1, -1))
+    kk = min(k, db.shape[0])
+    idx, sc = kernels.slb_topk(db, scales, q[0], float(qs[0]), kk)
+    out = np.full(n_tools, float(sc[-1]) if kk < db.shape[0] else -1.0, dtype=np.float32)
+    np.maximum.at(out, owners[idx], sc)
+    return out
+
+
+def test_slb_tool_scores_match_reference_and_the_topk_view_every_level(restore_level):
+    rng = np.random.default_rng(77)
+    for trial in range(60):
+        n_tools = int(rng.integers(1, 30))
+        counts = rng.integers(0, 6, n_tools)
+        counts[int(rng.integers(0, n_tools))] += 1  # at least one row
+        owners = np.repeat(np.arange(n_tools), counts)
+        n, dim = int(counts.sum()), int(rng.choice(LENGTHS))
+        x = rng.standard_normal((n, dim)).astype(np.float32)
+        if n > 2:
+            x[n - 1] = x[0]  # exact ties across tools
+        db, scales = kernels.quantize_i8(x)
+        query = rng.standard_normal(dim).astype(np.float32)
+        for floor_k in (0, 1, 3, n - 1, n, n + 5):
+            want = reference.slb_tool_scores(db, scales, owners, n_tools, query, floor_k, -1.0)
+            for level in LEVELS:
+                kernels.set_simd_level(level)
+                got = kernels.SlbToolScorer(db, scales, owners, n_tools, floor_k, -1.0).scores(query)
+                assert np.array_equal(got, want), (trial, floor_k, level)
+            if floor_k >= 1:  # bit for bit what the top-k scan and a NumPy maximum gave
+                assert np.array_equal(want, _previous_dense(db, scales, owners, n_tools, query, floor_k)), trial
+    # a tool without rows gets base (no floor) or the floor
+    db, scales = kernels.quantize_i8(rng.standard_normal((4, 8)).astype(np.float32))
+    owners = np.array([0, 0, 2, 2])
+    got = kernels.SlbToolScorer(db, scales, owners, 3, 0, -5.0).scores(np.ones(8, np.float32)).copy()
+    assert got[1] == -5.0 and got[0] > -5.0
+    got = kernels.SlbToolScorer(db, scales, owners, 3, 2, -5.0).scores(np.ones(8, np.float32))
+    q, qs = kernels.quantize_i8(np.ones((1, 8), np.float32))
+    second_best = np.sort(reference.slb_scores(db, scales, q[0], float(qs[0])))[::-1][1]
+    assert got[1] == second_best
+
+
+def test_slb_tool_scorer_errors():
+    db, scales = kernels.quantize_i8(np.ones((3, 4), np.float32))
+    with pytest.raises(UsageError, match="grouped by tool"):
+        kernels.SlbToolScorer(db, scales, np.array([1, 0, 0]), 2)
+    with pytest.raises(UsageError, match="grouped by tool"):
+        kernels.SlbToolScorer(db, scales, np.array([0, 0, 2]), 2)
+    with pytest.raises(UsageError, match="owners has shape"):
+        kernels.SlbToolScorer(db, scales, np.array([0, 0]), 2)
+    with pytest.raises(UsageError, match="floor_k"):
+        kernels.SlbToolScorer(db, scales, np.array([0, 0, 1]), 2, floor_k=-1)
+    scorer = kernels.SlbToolScorer(db, scales, np.array([0, 0, 1]), 2)
+    with pytest.raises(UsageError, match="float array of 4"):
+        scorer.scores(np.ones(5, np.float32))
+    with pytest.raises(NativeError, match="not finite"):
+        scorer.scores(np.array([1, np.nan, 0, 0], np.float32))
+
+
+# ---------------------------------------------------------------- dense layer with float16 weights, layer norm
+
+@pytest.mark.parametrize("act", [None, "gelu"])
+def test_linear_f16_matches_float64_reference_every_level(act, restore_level):
+    rng = np.random.default_rng(11 if act else 12)
+    for m, k, n in [(1, 1, 1), (3, 7, 15), (6, 16, 16), (7, 17, 17), (13, 33, 63), (2, 384, 64), (5, 65, 65),
+                    (12, 384, 130), (1, 129, 200)]:
+        x = (rng.standard_normal((m, k)) * 2).astype(np.float32)
+        w = rng.standard_normal((k, n)).astype(np.float16)
+        b = rng.standard_normal(n).astype(np.float32)
+        want = reference.linear_f16(x, w, b, act).astype(np.float64)
+        # float32 sums of k products: within k * 2^-24 of the magnitudes summed (and GELU's erf formula, 1.5e-7)
+        bound = (np.abs(x).astype(np.float64) @ np.abs(w.astype(np.float64)) + np.abs(b)) * (k + 2) * 2.0 ** -24
+        bound += 3e-7 * (np.abs(want) + 1)
+        for level in LEVELS:
+            kernels.set_simd_level(level)
+            got = kernels.linear_f16(x, w, b, act)
+            assert got.dtype == np.float32 and got.shape == (m, n)
+            assert np.all(np.abs(got - want) <= bound), (level, m, k, n)
+            nob = kernels.linear_f16(x, w, None, act)
+            assert np.all(np.abs(nob - reference.linear_f16(x, w, None, act)) <= bound + np.abs(b) * 1e-6 + 1e-6)
+    # a batch shape is kept; the packed layout pads the last panel with zeros
+    layer = kernels.LinearF16.from_weight(rng.standard_normal((8, 70)).astype(np.float32))
+    assert layer.panels.shape == (2, 8, kernels.LINEAR_PANEL) and not layer.panels[1, :, 6:].any()
+    assert layer(np.ones((2, 3, 8), np.float32)).shape == (2, 3, 70)
+
+
+def test_gelu_is_berts_exact_gelu():
+    x = np.linspace(-12, 12, 2001).astype(np.float32)
+    eye = np.eye(1, dtype=np.float16)
+    got = kernels.linear_f16(x.reshape(-1, 1), eye, None, "gelu")[:, 0].astype(np.float64)
+    assert np.all(np.abs(got - reference.gelu(x)) <= 2e-7 * np.maximum(1, np.abs(x)))
+
+
+def test_layer_norm_matches_reference():
+    rng = np.random.default_rng(3)
+    for m, n in [(1, 1), (4, 7), (9, 384)]:
+        x = (rng.standard_normal((m, n)) * 3 + 1).astype(np.float32)
+        r = rng.standard_normal((m, n)).astype(np.float32)
+        g = rng.random(n).astype(np.float32) + 0.5
+        b = rng.standard_normal(n).astype(np.float32)
+        for res in (None, r):
+            got = kernels.layer_norm(x, g, b, 1e-12, res)
+            assert np.allclose(got, reference.layer_norm(x, g, b, 1e-12, res), atol=2e-6, rtol=1e-6)
+
+
+def test_linear_and_layer_norm_errors():
+    w = np.zeros((4, 3), np.float16)
+    with pytest.raises(UsageError, match="shape \\[..., 4\\]"):
+        kernels.LinearF16.from_weight(w)(np.zeros((2, 5), np.float32))
+    with pytest.raises(UsageError, match="float32"):
+        kernels.LinearF16.from_weight(w)(np.zeros((2, 4), np.float64))
+    with pytest.raises(UsageError, match="unknown activation"):
+        kernels.LinearF16.from_weight(w, act="relu")
+    with pytest.raises(UsageError, match="bias has 2 entries"):
+        kernels.LinearF16.from_weight(w, np.zeros(2, np.float32))
+    with pytest.raises(UsageError, match="gamma and beta"):
+        kernels.layer_norm(np.zeros((2, 4), np.float32), np.ones(3, np.float32), np.zeros(4, np.float32), 1e-5)

@@ -517,3 +517,34 @@ def test_arguments_that_fail_validation_come_back_null_with_the_reason(router, m
     monkeypatch.setattr(router_mod, "generate_arguments", fine)
     d = router.route("close issue 7 in acme/web").as_json()
     assert d["arguments"] == {"owner": "acme", "repo": "web", "issue_number": 7} and "args_error" not in d
+
+
+_ONESHOT = """
+import sys
+from nexus_cli import cli
+sys.argv = ["nexus", "route", sys.argv[1], "--json", "--no-args", "--index", sys.argv[2]]
+try:
+    cli.main()
+finally:
+    sys.stderr.write("LLAMA_LOADED=%s\\n" % ("llama_cpp" in sys.modules))
+"""
+
+
+def test_one_shot_route_loads_llama_cpp_only_when_the_gate_escalates(forge_dir, embedder):
+    """A one-shot `nexus route --no-args` loads no LLM for a request the gate routes at once, and loads the
+    reranker's for one it escalates (the default reranker of this index is the likelihood one)."""
+    r = Router(forge_dir, RouterConfig(reranker="none"), embedder=embedder)
+    queries = ["show me pull request 42", "open a PR", "list the open issues in acme/api", "merge it",
+               "create a branch called fix/login", "what changed?", "delete the webhook"]
+    gates = {q: r.route(q, with_args=False).gate["escalated"] for q in queries}
+    assert set(gates.values()) == {True, False}, gates
+    for escalated in (False, True):
+        q = next(q for q, e in gates.items() if e is escalated)
+        p = subprocess.run([sys.executable, "-c", _ONESHOT, q, str(forge_dir)], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["gate"]["escalated"] is escalated
+        assert f"LLAMA_LOADED={escalated}" in p.stderr, (q, p.stderr[-300:])
+        if not escalated:
+            assert doc["tool"] == r.route(q, with_args=False).tool and "reranker" not in doc

@@ -76,10 +76,37 @@ int32_t nexus_slb_dots(const int8_t *db, int64_t n, int32_t dim, const int8_t *q
 int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
                        float query_scale, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out);
 
+/* Per-tool scores of a float32 query (quantized inside, as nexus_quantize_i8 does) over rows grouped by tool:
+ * rows tool_offsets[t] .. tool_offsets[t+1]-1 belong to tool t (tool_offsets[0] = 0, tool_offsets[n_tools] = n,
+ * non-decreasing). out[t] = max(lowest, the best score of tool t's rows), scores as in nexus_slb_topk; lowest is the
+ * floor_k-th best row score when 0 < floor_k < n (all a top-floor_k scan knows of a tool it did not see), else base.
+ * NaN scores never count. The router's whole dense step in one call. */
+int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const float *query,
+                              const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k, float base,
+                              float *out);
+
 /* Benchmark helper: run nexus_slb_topk n_reps times after n_warmup untimed runs, writing each run's wall time in
  * nanoseconds into ns_out[n_reps] (steady clock, measured inside the library: no FFI in the timing). */
 int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
                              float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps, double *ns_out);
+
+/* ---------------------------------------------------------------- dense layer with float16 weights */
+
+#define NEXUS_ACT_NONE 0
+#define NEXUS_ACT_GELU 1 /* x * Phi(x), erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7), as BERT's GELU */
+
+/* y[m, n] = act(x[m, k] @ W + bias): x float32 row-major; W float16 [k, n] in panels of 64 columns: panel p holds
+ * columns 64p .. 64p+63 as k rows of 64 halves (row l at offset (p * k + l) * 64), the last panel padded with zeros, so
+ * W takes ceil(n / 64) * k * 64 halves; bias float32 [n] or NULL; activation NEXUS_ACT_*; y float32 [m, n], not
+ * aliasing x. Products are exact in float32; the order of the sums depends on the SIMD level, so results match a
+ * float32 reference to rounding, not bit for bit. */
+int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
+                         int32_t activation, float *y);
+
+/* y[m, n] = LayerNorm(x + residual) over each row: (v - mean) / sqrt(var + eps) * gamma + beta, mean and variance
+ * accumulated in double. residual may be NULL; y may alias x. */
+int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,
+                         const float *beta, float eps, float *y);
 
 /* ---------------------------------------------------------------- radix trie over token-id sequences */
 typedef struct nexus_trie nexus_trie;

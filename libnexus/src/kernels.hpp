@@ -25,4 +25,8 @@ void rope_rotate_level(const uint16_t *in, uint16_t *out, int64_t n_rows, const 
 // Exact int32 dots of one query against n rows, on a chosen SIMD level.
 void slb_dots_level(const int8_t *db, int64_t n, int32_t dim, const int8_t *query, int32_t *out, int32_t level);
 
+// y = x @ W + b with float16 W [k, n] (nexus_linear_f16), on a chosen SIMD level.
+void linear_f16_level(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *b, int32_t act,
+                      float *y, int32_t level);
+
 }  // namespace nexus

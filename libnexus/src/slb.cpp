@@ -4,6 +4,7 @@
 // ((float)dot * db_scale) * query_scale, so results are identical on every level.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -309,55 +310,70 @@ int64_t next_above(const float *s, int64_t from, int64_t m, float thr, int32_t l
     return next_above_scalar(s, from, m, thr);
 }
 
+// Top-k (k <= kSmallK) of rows [begin, end) into top[0..cnt), best first.
+void topk_small(const int8_t *db, const float *db_scales, int64_t begin, int64_t end, int32_t dim, const int8_t *q,
+                float query_scale, int32_t k, Hit *top, int32_t *cnt_out, int32_t level) {
+    alignas(64) int32_t dots[kBlock];
+    alignas(64) float scores[kBlock];
+    int32_t cnt = 0;
+    for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t m = std::min<int64_t>(kBlock, end - b);
+        slb_dots_level(db + b * dim, m, dim, q, dots, level);
+        score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, scores, level);
+        int64_t j = 0;
+        // filling: every row goes in (NaN as -inf)
+        for (; j < m && cnt < k; ++j) {
+            const float key = std::isnan(scores[j]) ? -INFINITY : scores[j];
+            int32_t pos = cnt++;
+            while (pos > 0 && key > top[pos - 1].key) {
+                top[pos] = top[pos - 1];
+                --pos;
+            }
+            top[pos] = Hit{key, scores[j], b + j};
+        }
+        // full: only a strictly higher score enters (rows come in index order, so ties keep the lower index)
+        while (cnt == k && (j = next_above(scores, j, m, top[k - 1].key, level)) < m) {
+            const float key = scores[j];
+            int32_t pos = k - 1;
+            while (pos > 0 && key > top[pos - 1].key) {
+                top[pos] = top[pos - 1];
+                --pos;
+            }
+            top[pos] = Hit{key, key, b + j};
+            ++j;
+        }
+    }
+    *cnt_out = cnt;
+}
+
+// Every row's score into out[begin..end).
+void score_rows(const int8_t *db, const float *db_scales, int64_t begin, int64_t end, int32_t dim, const int8_t *q,
+                float query_scale, float *out, int32_t level) {
+    alignas(64) int32_t dots[kBlock];
+    for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t m = std::min<int64_t>(kBlock, end - b);
+        slb_dots_level(db + b * dim, m, dim, q, dots, level);
+        score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, out + b, level);
+    }
+}
+
 // The scan itself (validated arguments). Writes min(k, n) results.
 void topk_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *q, float query_scale,
               int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out, int32_t level) {
-    alignas(64) int32_t dots[kBlock];
-    alignas(64) float scores[kBlock];
     const int32_t want = static_cast<int32_t>(std::min<int64_t>(k, n));
     if (k <= kSmallK) {
         Hit top[kSmallK];
         int32_t cnt = 0;
-        for (int64_t b = 0; b < n; b += kBlock) {
-            const int64_t m = std::min<int64_t>(kBlock, n - b);
-            slb_dots_level(db + b * dim, m, dim, q, dots, level);
-            score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, scores, level);
-            int64_t j = 0;
-            // filling: every row goes in (NaN as -inf)
-            for (; j < m && cnt < k; ++j) {
-                const float key = std::isnan(scores[j]) ? -INFINITY : scores[j];
-                int32_t pos = cnt++;
-                while (pos > 0 && key > top[pos - 1].key) {
-                    top[pos] = top[pos - 1];
-                    --pos;
-                }
-                top[pos] = Hit{key, scores[j], b + j};
-            }
-            // full: only a strictly higher score enters (rows come in index order, so ties keep the lower index)
-            while ((j = next_above(scores, j, m, top[k - 1].key, level)) < m) {
-                const float key = scores[j];
-                int32_t pos = k - 1;
-                while (pos > 0 && key > top[pos - 1].key) {
-                    top[pos] = top[pos - 1];
-                    --pos;
-                }
-                top[pos] = Hit{key, key, b + j};
-                ++j;
-            }
-        }
+        topk_small(db, db_scales, 0, n, dim, q, query_scale, k, top, &cnt, level);
         for (int32_t r = 0; r < want; ++r) {
             idx_out[r] = top[r].idx;
             score_out[r] = top[r].score;
         }
     } else {
+        std::vector<float> scores(static_cast<size_t>(n));
+        score_rows(db, db_scales, 0, n, dim, q, query_scale, scores.data(), level);
         std::vector<Hit> all(static_cast<size_t>(n));
-        for (int64_t b = 0; b < n; b += kBlock) {
-            const int64_t m = std::min<int64_t>(kBlock, n - b);
-            slb_dots_level(db + b * dim, m, dim, q, dots, level);
-            score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, scores, level);
-            for (int64_t j = 0; j < m; ++j)
-                all[b + j] = Hit{std::isnan(scores[j]) ? -INFINITY : scores[j], scores[j], b + j};
-        }
+        for (int64_t j = 0; j < n; ++j) all[j] = Hit{std::isnan(scores[j]) ? -INFINITY : scores[j], scores[j], j};
         std::partial_sort(all.begin(), all.begin() + want, all.end(), better);
         for (int32_t r = 0; r < want; ++r) {
             idx_out[r] = all[r].idx;
@@ -365,6 +381,60 @@ void topk_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, 
         }
     }
     *n_out = want;
+}
+
+// Symmetric INT8 quantization of one row: scale = max|x| / 127 (1 for a zero row), values rounded half away from
+// zero. Returns the scale.
+float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
+    float amax = 0.0f;
+    for (int32_t j = 0; j < dim; ++j) {
+        if (!std::isfinite(row[j])) invalid("x[" + std::to_string(i) + ", " + std::to_string(j) + "] is not finite");
+        amax = std::max(amax, std::fabs(row[j]));
+    }
+    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    // a tiny amax can make amax / 127 underflow to 0; then every x / scale would be inf
+    if (!(scale > 0.0f))
+        invalid("row " + std::to_string(i) + " is too small to quantize (max |x| = " + std::to_string(amax) + ")");
+    for (int32_t j = 0; j < dim; ++j) {
+        const float v = std::round(row[j] / scale);  // std::round: halves away from zero
+        qr[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+    }
+    return scale;
+}
+
+// Per-tool scores (see nexus_slb_tool_scores): every row scored once, block by block, then each tool's maximum over
+// its rows (rows are grouped by tool: offsets), raised to the floor.
+void tool_scores_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *q, float qs,
+                     const int64_t *offsets, int64_t n_tools, int32_t floor_k, float base, float *out, int32_t level) {
+    thread_local std::vector<float> all;
+    if (all.size() < static_cast<size_t>(n)) all.resize(static_cast<size_t>(n));
+    float *scores = all.data();
+    score_rows(db, db_scales, 0, n, dim, q, qs, scores, level);
+    for (int64_t t = 0; t < n_tools; ++t) {
+        float best = -INFINITY;
+        for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
+            if (all[r] > best) best = all[r];  // an ordered compare: a NaN score never wins
+        out[t] = best;
+    }
+    float lowest = base;
+    if (floor_k > 0 && floor_k < n) {
+        // the floor_k-th best row score: a tool with no row among the floor_k best is only known to be below it
+        // (the top-k scan's view), so every tool is raised to it. NaN ranks lowest.
+        for (int64_t r = 0; r < n; ++r)
+            if (std::isnan(all[r])) all[r] = -INFINITY;
+        std::nth_element(all.begin(), all.begin() + (floor_k - 1), all.begin() + n, std::greater<float>());
+        lowest = all[floor_k - 1];
+    }
+    for (int64_t t = 0; t < n_tools; ++t) out[t] = std::max(out[t], lowest);
+}
+
+void check_offsets(const int64_t *offsets, int64_t n_tools, int64_t n) {
+    require_ptr(offsets, "tool_offsets");
+    if (n_tools < 1) invalid("n_tools must be >= 1, got " + std::to_string(n_tools));
+    if (offsets[0] != 0 || offsets[n_tools] != n)
+        invalid("tool_offsets must run from 0 to n (" + std::to_string(n) + ")");
+    for (int64_t t = 0; t < n_tools; ++t)
+        if (offsets[t + 1] < offsets[t]) invalid("tool_offsets must be non-decreasing (at tool " + std::to_string(t) + ")");
 }
 
 void check_topk_args(const int8_t *db, int64_t n, int32_t dim, const int8_t *query, float query_scale, int32_t k) {
@@ -404,25 +474,7 @@ int32_t nexus_quantize_i8(const float *x, int64_t n, int32_t dim, int8_t *q_out,
         require_ptr(x, "x");
         require_ptr(q_out, "q_out");
         require_ptr(scales_out, "scales_out");
-        for (int64_t i = 0; i < n; ++i) {
-            const float *row = x + i * dim;
-            float amax = 0.0f;
-            for (int32_t j = 0; j < dim; ++j) {
-                if (!std::isfinite(row[j]))
-                    invalid("x[" + std::to_string(i) + ", " + std::to_string(j) + "] is not finite");
-                amax = std::max(amax, std::fabs(row[j]));
-            }
-            const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
-            // a tiny amax can make amax / 127 underflow to 0; then every x / scale would be inf
-            if (!(scale > 0.0f)) invalid("row " + std::to_string(i) + " is too small to quantize (max |x| = " +
-                                         std::to_string(amax) + ")");
-            int8_t *qr = q_out + i * dim;
-            for (int32_t j = 0; j < dim; ++j) {
-                const float v = std::round(row[j] / scale);  // std::round: halves away from zero
-                qr[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, v)));
-            }
-            scales_out[i] = scale;
-        }
+        for (int64_t i = 0; i < n; ++i) scales_out[i] = quantize_row(x + i * dim, dim, i, q_out + i * dim);
     });
 }
 
@@ -445,6 +497,23 @@ int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int3
         require_ptr(score_out, "score_out");
         require_ptr(n_out, "n_out");
         topk_run(db, db_scales, n, dim, query, query_scale, k, idx_out, score_out, n_out, simd_level());
+    });
+}
+
+int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const float *query,
+                              const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k, float base,
+                              float *out) {
+    return guard([&] {
+        check_dims(n, dim);
+        if (n > 0) require_ptr(db, "db");
+        require_ptr(query, "query");
+        require_ptr(out, "out");
+        check_offsets(tool_offsets, n_tools, n);
+        if (floor_k < 0) invalid("floor_k must be >= 0, got " + std::to_string(floor_k));
+        thread_local std::vector<int8_t> q;
+        q.resize(static_cast<size_t>(dim));
+        const float qs = quantize_row(query, dim, 0, q.data());
+        tool_scores_run(db, db_scales, n, dim, q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
     });
 }
 

@@ -1,6 +1,7 @@
 // INT8 SLB: quantization rule, exact dots on every SIMD level at awkward lengths, top-k order and ties, errors.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -123,6 +124,54 @@ int main() {
                   "query is NULL");
         CHECK_ERR(nexus_slb_topk_timed(db.data(), nullptr, n, dim, q.data(), 1.0f, 1, 0, 0, ns.data()),
                   NEXUS_ERR_INVALID, "n_reps must be >= 1");
+    }
+    // per-tool scores: each tool's best row, raised to the floor_k-th best row score (or base), on every level
+    {
+        const int64_t n = 700;
+        const int32_t dim = 37, n_tools = 90;
+        std::vector<float> x(n * dim), qf(dim);
+        for (auto &v : x) v = static_cast<float>(rng.uniform() * 2 - 1);
+        for (auto &v : qf) v = static_cast<float>(rng.uniform() * 2 - 1);
+        std::vector<int8_t> db(n * dim), q(dim);
+        std::vector<float> scales(n);
+        float qs = 0;
+        CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+        CHECK_OK(nexus_quantize_i8(qf.data(), 1, dim, q.data(), &qs));
+        std::vector<int64_t> offsets(n_tools + 1, 0);  // tool t owns rows [offsets[t], offsets[t+1]); tool 3 none
+        for (int32_t t = 1; t <= n_tools; ++t) offsets[t] = t == 4 ? offsets[3] : std::min<int64_t>(n, t * 8);
+        offsets[n_tools] = n;
+        const auto dots = ref_dots(db, n, dim, q.data());
+        std::vector<float> score(n);
+        for (int64_t i = 0; i < n; ++i) score[i] = static_cast<float>(dots[i]) * scales[i] * qs;
+        std::vector<float> sorted = score;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        for (int32_t floor_k : {0, 1, 256, 699, 700}) {
+            const float lowest = floor_k > 0 && floor_k < n ? sorted[floor_k - 1] : -2.0f;
+            for (int32_t level : levels) {
+                CHECK_OK(nexus_simd_set_level(level));
+                std::vector<float> out(n_tools);
+                CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), n_tools,
+                                               floor_k, -2.0f, out.data()));
+                bool same = true;
+                for (int32_t t = 0; t < n_tools; ++t) {
+                    float best = -INFINITY;
+                    for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r) best = std::max(best, score[r]);
+                    same = same && out[t] == std::max(best, lowest);
+                }
+                CHECK(same);
+            }
+        }
+        std::vector<float> out(n_tools);
+        std::vector<int64_t> bad = offsets;
+        bad[5] = bad[4] - 1;
+        CHECK_ERR(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), bad.data(), n_tools, 0, 0.0f,
+                                        out.data()), NEXUS_ERR_INVALID, "non-decreasing");
+        bad = offsets;
+        bad[n_tools] = n - 1;
+        CHECK_ERR(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), bad.data(), n_tools, 0, 0.0f,
+                                        out.data()), NEXUS_ERR_INVALID, "from 0 to n");
+        CHECK_ERR(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), n_tools, -1, 0.0f,
+                                        out.data()), NEXUS_ERR_INVALID, "floor_k must be >= 0");
     }
     CHECK_OK(nexus_simd_set_level(saved));
     return finish("test_slb");

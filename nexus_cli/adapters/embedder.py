@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np  # light (~0.1 s); the NumPy request encoder uses it on every request. torch stays lazy
 
+from .. import kernels
 from ..config import DEFAULT_EMBEDDER
 from ..errors import ModelError
 from ..models import resolve_model
@@ -173,7 +174,9 @@ class NumpyBertEncoder:
     LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the masked mean over tokens and L2
     normalisation. Same interface as `Embedder` for queries: encode_one, encode_few, encode."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, native: bool = True):
+        """native=False keeps even a float16 model's layers in NumPy float32 (the baseline `nexus bench latency`
+        measures the native layers against)."""
         self.path = Path(path)
         self.name = self.path.name
         why = numpy_unsupported_reason(self.path)
@@ -197,35 +200,56 @@ class NumpyBertEncoder:
         self.tokenizer.enable_truncation(self.max_length)
         prefix = "bert." if "bert.embeddings.word_embeddings.weight" in weights else ""
 
-        def w(name: str):
+        def raw(name: str):
             key = prefix + name
             if key not in weights:
                 raise ModelError(f"embedder {self.path}: model.safetensors has no {key}")
-            return np.ascontiguousarray(weights[key], dtype=np.float32)
+            return weights[key]
 
-        self.word = w("embeddings.word_embeddings.weight")
+        def w(name: str):
+            return np.ascontiguousarray(raw(name), dtype=np.float32)
+
+        # a float16 model (the shipped router embedder) keeps its weights in float16: the dense layers run in
+        # libnexus (kernels.LinearF16, exact float16 x float32 products summed in float32) and the token table is
+        # read row by row, so loading converts nothing and a request reads half the bytes
+        half = native and raw("encoder.layer.0.attention.self.query.weight").dtype == np.float16
+
+        def dense(a: str, names: Sequence[str], act: str | None = None):
+            """The Linear layers `names` of prefix a as one layer (their outputs side by side): x -> act(x @ W + b)."""
+            wt = np.concatenate([raw(a + f"{x}.weight") for x in names]).T  # [in, out]
+            bias = np.concatenate([w(a + f"{x}.bias") for x in names])
+            if half:
+                return kernels.LinearF16.from_weight(wt, bias, act)
+            wt = np.ascontiguousarray(wt, dtype=np.float32)
+            return (lambda x: _gelu(x @ wt + bias)) if act == "gelu" else (lambda x: x @ wt + bias)
+
+        def norm(name: str):
+            return (w(name + ".weight"), w(name + ".bias"))
+
+        self.word = raw("embeddings.word_embeddings.weight") if half else w("embeddings.word_embeddings.weight")
         self.position = w("embeddings.position_embeddings.weight")
         self.token_type = w("embeddings.token_type_embeddings.weight")
-        self.emb_norm = (w("embeddings.LayerNorm.weight"), w("embeddings.LayerNorm.bias"))
+        self.emb_norm = norm("embeddings.LayerNorm")
         self.layers = []
         for i in range(int(cfg["num_hidden_layers"])):
             a = f"encoder.layer.{i}."
-            # Q, K and V as one [dim, 3*dim] product: one matrix multiply per layer instead of three
-            qkv = np.concatenate([w(a + f"attention.self.{x}.weight") for x in ("query", "key", "value")]).T
-            qkv_b = np.concatenate([w(a + f"attention.self.{x}.bias") for x in ("query", "key", "value")])
             self.layers.append({
-                "qkv": np.ascontiguousarray(qkv), "qkv_b": qkv_b,
-                "out": np.ascontiguousarray(w(a + "attention.output.dense.weight").T),
-                "out_b": w(a + "attention.output.dense.bias"),
-                "norm1": (w(a + "attention.output.LayerNorm.weight"), w(a + "attention.output.LayerNorm.bias")),
-                "up": np.ascontiguousarray(w(a + "intermediate.dense.weight").T),
-                "up_b": w(a + "intermediate.dense.bias"),
-                "down": np.ascontiguousarray(w(a + "output.dense.weight").T),
-                "down_b": w(a + "output.dense.bias"),
-                "norm2": (w(a + "output.LayerNorm.weight"), w(a + "output.LayerNorm.bias")),
+                # Q, K and V as one [dim, 3*dim] product: one matrix multiply per layer instead of three
+                "qkv": dense(a + "attention.self.", ("query", "key", "value")),
+                "out": dense(a + "attention.output.", ("dense",)),
+                "norm1": norm(a + "attention.output.LayerNorm"),
+                "up": dense(a + "intermediate.", ("dense",), act="gelu"),
+                "down": dense(a + "output.", ("dense",)),
+                "norm2": norm(a + "output.LayerNorm"),
             })
+        self.half = half
 
-    def _layer_norm(self, x, gamma, beta):
+    def _layer_norm(self, x, gamma, beta, residual=None):
+        """LayerNorm(x + residual): native for a float16 model (with its dense layers), else NumPy."""
+        if self.half:
+            return kernels.layer_norm(x, gamma, beta, self.eps, residual)
+        if residual is not None:
+            x = x + residual
         mu = x.mean(axis=-1, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
         return (x - mu) / np.sqrt(var + self.eps) * gamma + beta
@@ -233,23 +257,22 @@ class NumpyBertEncoder:
     def _forward(self, ids, types, mask):
         """ids, types, mask: int [n, L] → token states float32 [n, L, dim]."""
         n, length = ids.shape
-        x = self.word[ids] + self.position[:length][None] + self.token_type[types]
+        x = self.word[ids].astype(np.float32) + self.position[:length][None] + self.token_type[types]
         x = self._layer_norm(x, *self.emb_norm)
         hd = self.dim // self.heads
         # padded keys get float32's lowest value, as transformers' BERT adds to their attention scores
         key_bias = np.where(mask[:, None, None, :] > 0, 0.0, np.finfo(np.float32).min).astype(np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
         for layer in self.layers:
-            qkv = x @ layer["qkv"] + layer["qkv_b"]  # [n, L, 3*dim]
+            qkv = layer["qkv"](x)  # [n, L, 3*dim]
             qkv = qkv.reshape(n, length, 3, self.heads, hd).transpose(2, 0, 3, 1, 4)  # [3, n, heads, L, hd]
             q, k, v = qkv[0], qkv[1], qkv[2]
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + key_bias
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs = scores / scores.sum(axis=-1, keepdims=True)
             ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dim)
-            x = self._layer_norm(x + (ctx @ layer["out"] + layer["out_b"]), *layer["norm1"])
-            h = _gelu(x @ layer["up"] + layer["up_b"])
-            x = self._layer_norm(x + (h @ layer["down"] + layer["down_b"]), *layer["norm2"])
+            x = self._layer_norm(layer["out"](ctx), *layer["norm1"], residual=x)
+            x = self._layer_norm(layer["down"](layer["up"](x)), *layer["norm2"], residual=x)
         return x
 
     def encode(self, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False, callback=None,

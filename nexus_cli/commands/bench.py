@@ -2,10 +2,14 @@
 
 import typer
 
-from . import bench_args, bench_deep_splice, bench_l0, bench_lso, bench_poisoning, bench_routing, bench_serve, bench_slb
+from . import (bench_args, bench_deep_splice, bench_l0, bench_latency, bench_lso, bench_poisoning, bench_routing, bench_serve,
+               bench_slb)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
+app.command("latency", help="Where users wait: SLB kernel, scan step, request encoder, warm and one-shot route, each against its baseline.")(
+    bench_latency.command
+)
 app.command("deep-splice", help="Table III: splice + repair TTFT against text prefill, per K and depth.")(
     bench_deep_splice.command
 )

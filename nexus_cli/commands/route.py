@@ -88,7 +88,6 @@ def route_command(
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
 ) -> None:
     from ..routing.router import Router, RouterConfig  # lazy: `nexus --help` stays fast
-    from ..serving.session import route_with_session  # lazy: `nexus --help` stays fast
 
     index = resolve_index(index)
     if args_time_limit < 0:
@@ -98,6 +97,7 @@ def route_command(
             raise UsageError("--session takes one QUERY (no --batch, no --history: the session keeps the history)")
         if rerank_k is not None:
             raise UsageError("--rerank-k is not available with --session (a session keeps its router's settings)")
+        from ..serving.session import route_with_session  # lazy: only a session needs the serving engine
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker,
                                   args_time_limit_s=args_time_limit or None, rerank_model=rerank_model)
@@ -120,7 +120,8 @@ def route_command(
     hist = _read_history(history) if history else None
     items = _read_batch(batch) if batch else None
     router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k,
-                                        rerank_model=rerank_model, args_time_limit_s=args_time_limit or None),
+                                        rerank_model=rerank_model, args_time_limit_s=args_time_limit or None,
+                                        warm=items is not None),  # one request: load only what it needs
                     registry=registry)
     if items is not None:
         for n, item in enumerate(items, 1):

@@ -103,6 +103,10 @@ class RouterConfig:
     query_encoder: str | None = None  # what embeds requests: auto / numpy / torch; None: $NEXUS_QUERY_ENCODER or auto
     prefix_store: bool = True  # decoded prefixes kept on disk (prefix_store.PrefixStore): the likelihood
     # reranker's candidates, and each tool's argument prompt prefix (arguments.ArgumentPrefixes)
+    # load and run everything once at construction, so no timed route pays for lazy set-up (batches, servers,
+    # benchmarks); a one-shot route turns it off and loads only what its request needs (no LLM unless the gate
+    # escalates or arguments are asked for)
+    warm: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -137,7 +141,8 @@ class Router:
         self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._specs: dict[str, object] = {}  # tool key -> ToolSpec, made once per tool
-        self._warm()
+        if self.config.warm:
+            self._warm()
 
     # ------------------------------------------------------------------------------------------- setup
 

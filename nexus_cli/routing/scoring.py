@@ -14,25 +14,30 @@ from .. import kernels, textgen
 from .lexical import BM25
 from .slb import SLB
 
-SCAN_K = 256  # vectors kept by the native top-k scan (partial selection, not a full sort of every score)
+SCAN_K = 256  # a tool with no vector among the SCAN_K best is scored as the SCAN_K-th best vector (see below)
 
 
-def dense_tool_scores(slb: SLB, qvec: np.ndarray, k_vec: int | None = SCAN_K) -> tuple[np.ndarray, float]:
-    """Per-tool dense score = max over the tool's vectors of the INT8 dot (native scan: kernels.slb_topk).
+def tool_scorer(slb: SLB) -> kernels.SlbToolScorer:
+    """The SLB's native per-tool scorer, made once per SLB: it reads the vectors where they lie (no copy per
+    request)."""
+    scorer = slb.__dict__.get("_tool_scorer")
+    if scorer is None:
+        # floor_k = SCAN_K keeps the scores of the top-SCAN_K scan this replaced, bit for bit: a tool none of whose
+        # vectors is among the SCAN_K best is raised to the SCAN_K-th best score (an upper bound on its own)
+        scorer = kernels.SlbToolScorer(slb.vectors, slb.scales, slb.owners, slb.n_tools, floor_k=SCAN_K, base=-1.0)
+        slb.__dict__["_tool_scorer"] = scorer
+    return scorer
 
-    Tools with no vector among the k_vec best get the k_vec-th score (an upper bound). Returns (scores[n_tools],
-    scan seconds)."""
-    q, qs = kernels.quantize_i8(np.ascontiguousarray(qvec.reshape(1, -1), dtype=np.float32))
-    k = slb.n_vectors if k_vec is None else min(int(k_vec), slb.n_vectors)
+
+def dense_tool_scores(slb: SLB, qvec: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-tool dense score = max over the tool's vectors of the INT8 score (kernels.SlbToolScorer: quantization,
+    scan and per-tool reduction in one native call). Returns (scores[n_tools] float32, a copy; native call
+    seconds)."""
+    scorer = tool_scorer(slb)
     t0 = time.perf_counter()
-    idx, sc = kernels.slb_topk(slb.vectors, slb.scales, q[0], float(qs[0]), k)
+    out = scorer.scores(qvec)
     dt = time.perf_counter() - t0
-    idx = np.asarray(idx, dtype=np.int64)
-    sc = np.asarray(sc, dtype=np.float32)
-    floor = float(sc[-1]) if len(sc) and k < slb.n_vectors else -1.0
-    out = np.full(slb.n_tools, floor, dtype=np.float32)
-    np.maximum.at(out, slb.owners[idx], sc)
-    return out, dt
+    return out.copy(), dt
 
 
 def fuse(dense: np.ndarray, lex: np.ndarray | None, lex_weight: float) -> np.ndarray:
@@ -52,12 +57,12 @@ def request_texts(text: str, value_masking: bool) -> list[str]:
 
 
 def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequence[str],
-                   vecs: Sequence[np.ndarray]) -> tuple[np.ndarray, float]:
+                   vecs: Sequence[np.ndarray], dense_fn=dense_tool_scores) -> tuple[np.ndarray, float]:
     """Per-tool fused score of one request = the mean over its texts (request_texts) of dense max-sim + weighted
-    BM25. Returns (scores, native scan seconds)."""
+    BM25. Returns (scores, native scan seconds). dense_fn: the dense step (a benchmark passes its baseline)."""
     total, native = None, 0.0
     for text, v in zip(texts, vecs):
-        dense, dt = dense_tool_scores(slb, v)
+        dense, dt = dense_fn(slb, v)
         lex = bm25.scores(textgen.lex_tokens(text)) if bm25 is not None and lex_weight > 0 else None
         s = fuse(dense, lex, lex_weight)
         total = s if total is None else total + s

@@ -1,0 +1,343 @@
+"""nexus bench latency: where users wait, each step against its baseline, side by side in one run.
+
+Four measurements over the requests of benchmarks/queries/routing.jsonl (text only: nothing is scored against a
+gold tool) and two indexes of the shared registries built with the shipped router embedder: `small` (a reproducible
+draw of --small tools, no example requests: a user's own registry) and `all` (the whole pool with the example
+requests of tool_registries/examples/: the most vectors a router scans). Indexes are cached like the routing
+benchmark's (.nexus/bench-routing/).
+1. The SLB kernel (top-5 of 250 x 384 and 100,000 x 384 random unit rows, as `nexus bench slb`): native scan timed
+   inside libnexus against NumPy float32, and the INT8 top-1's agreement with float32.
+2. The router's scan step of one request, its vectors given: dense scores per tool, BM25, fusion, the top
+   candidates and the gate's margin (scoring.request_scores + gate_margin). The product's dense step
+   (kernels.SlbToolScorer: quantization, scan and per-tool reduction in one native call) against the one it replaced
+   (top-256 scan, then the per-tool maximum in NumPy: `previous_dense`), alternating per request; every request's
+   scores must be identical both ways (checked, reported).
+3. The warm request encoder: the request's texts (scoring.request_texts) embedded by the product's encoder (the float16
+   model's layers in libnexus) against the same forward pass in NumPy float32 and against sentence-transformers,
+   each after warm-up, alternating the first two per request; the third runs after them (torch's threads and NumPy's
+   slow each other in one process). Reported with the largest cosine distance to the NumPy float32 embedding and
+   the requests whose top tool (scan over the `all` index) differs from it.
+4. A warm request end to end (encode + scan + gate, retriever only: Router.retrieve and the margin), and one-shot
+   `nexus route --json --no-args` processes over the `small` index: this tree against --baseline-ref (a commit,
+   checked out in .nexus/bench-latency/ with its own libnexus build), alternating, after one untimed run of each
+   (Python's bytecode cache written, as for a user; PYTHONDONTWRITEBYTECODE is cleared for these processes).
+   Requests the gate escalates load the reranker's LLM: reported apart.
+Medians with bootstrap 95 % intervals; ratios as stats.speedup_ci (baseline / product).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import kernels
+from ..adapters.embedder import Embedder, NumpyBertEncoder
+from ..config import DEFAULT_EMBEDDER, REPO_ROOT
+from ..errors import NexusError, UsageError
+from ..models import resolve_model
+from ..registry import load_example_requests
+from ..routing.index import load_index
+from ..routing.router import Router, RouterConfig
+from ..routing.scoring import SCAN_K, dense_tool_scores, gate_margin, request_scores, request_texts
+from . import bench_slb, stats
+from .bench_routing import _index_for, pool_tools
+from .common import NULL_PROGRESS, registry_dir_default
+from .results import Run
+
+SUITE = "latency"
+DEFAULT_QUERIES = REPO_ROOT / "benchmarks" / "queries" / "routing.jsonl"
+EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
+WORKTREES = REPO_ROOT / ".nexus" / "bench-latency"
+DEFAULTS = dict(small=250, reps=20, oneshot_requests=8, oneshot_rounds=3, baseline_ref="18c2df6")
+QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_ref=None)
+TOP = 10  # candidates ranked after the scores, as the router ranks them
+
+
+def previous_dense(slb, qvec: np.ndarray) -> tuple[np.ndarray, float]:
+    """The dense step the native per-tool scorer replaced: quantize in one call, a top-SCAN_K scan in another, then
+    each tool's maximum in NumPy (a tool with no vector among the SCAN_K best gets the SCAN_K-th score)."""
+    q, qs = kernels.quantize_i8(np.ascontiguousarray(qvec.reshape(1, -1), dtype=np.float32))
+    k = min(SCAN_K, slb.n_vectors)
+    t0 = time.perf_counter()
+    idx, sc = kernels.slb_topk(slb.vectors, slb.scales, q[0], float(qs[0]), k)
+    dt = time.perf_counter() - t0
+    floor = float(sc[-1]) if len(sc) and k < slb.n_vectors else -1.0
+    out = np.full(slb.n_tools, floor, dtype=np.float32)
+    np.maximum.at(out, slb.owners[np.asarray(idx, dtype=np.int64)], np.asarray(sc, dtype=np.float32))
+    return out, dt
+
+
+def _load_requests(path: Path) -> list[str]:
+    out = []
+    for n, line in enumerate(Path(path).read_text("utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line)["query"])
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(f"{path}:{n}: each line needs a \"query\"") from None
+    if not out:
+        raise UsageError(f"{path} holds no requests")
+    return out
+
+
+def _ms(samples_s) -> dict:
+    a = np.asarray(samples_s, dtype=np.float64) * 1e3
+    return {"n": int(a.size), "median_ms": float(np.median(a)), "median_ci_ms": stats.median_ci(a).as_dict(),
+            "p90_ms": float(np.percentile(a, 90))}
+
+
+def _us(samples_s) -> dict:
+    a = np.asarray(samples_s, dtype=np.float64) * 1e6
+    return {"n": int(a.size), "median_us": float(np.median(a)), "median_ci_us": stats.median_ci(a).as_dict(),
+            "p90_us": float(np.percentile(a, 90))}
+
+
+def _ratio(baseline_s, product_s) -> dict:
+    return stats.speedup_ci(baseline_s, product_s).as_dict()
+
+
+# ----------------------------------------------------------------------------------------------- 1. kernel
+
+def measure_kernel(seed: int, quick: bool) -> dict:
+    rows = {}
+    for n in ((250, 10_000) if quick else (250, 100_000)):
+        row, _ = bench_slb.measure_size(n, 384, 200 if quick else 2000, seed)
+        rows[str(n)] = {k: row[k] for k in ("n", "dim", "k", "reps", "cpp_us_p50", "python_us_p50", "numpy_f32_us_p50",
+                                            "speedup_cpp_vs_numpy_f32", "top1_agreement")}
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- 2. scan step
+
+def _scan_step(index, lex_weight: float, texts, vecs, dense_fn) -> tuple[np.ndarray, float]:
+    scores, _ = request_scores(index.slb, index.bm25, lex_weight, texts, vecs, dense_fn=dense_fn)
+    order = np.argsort(-scores, kind="stable")[:TOP]
+    return scores, gate_margin(scores, int(order[0]), index.interchangeable(int(order[0])))
+
+
+def measure_scan(index, prepared, reps: int) -> dict:
+    """prepared: [(texts, vectors)] per request. Alternates product / previous per request, reps rounds."""
+    lw = index.lex_weight()
+    same = True
+    for texts, vecs in prepared:  # warm-up, and the identity check
+        a, _ = _scan_step(index, lw, texts, vecs, dense_tool_scores)
+        b, _ = _scan_step(index, lw, texts, vecs, previous_dense)
+        same = same and bool(np.array_equal(a, b))
+    prod, prev, kern = [], [], []
+    clock = time.perf_counter
+    for _ in range(reps):
+        for texts, vecs in prepared:
+            t0 = clock()
+            _scan_step(index, lw, texts, vecs, dense_tool_scores)
+            t1 = clock()
+            _scan_step(index, lw, texts, vecs, previous_dense)
+            t2 = clock()
+            prod.append(t1 - t0)
+            prev.append(t2 - t1)
+            _, dt = dense_tool_scores(index.slb, vecs[0])
+            kern.append(dt)
+    return {"tools": index.slb.n_tools, "vectors": index.slb.n_vectors, "requests": len(prepared),
+            "texts_per_request": float(np.mean([len(t) for t, _ in prepared])),
+            "product": _us(prod), "previous": _us(prev), "speedup": _ratio(prev, prod),
+            "dense_call_only": _us(kern), "identical_scores": same}
+
+
+# ----------------------------------------------------------------------------------------------- 3. encoder
+
+def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> tuple[dict, list]:
+    path = resolve_model(DEFAULT_EMBEDDER, kind="embedder")
+    native = NumpyBertEncoder(path)
+    f32 = NumpyBertEncoder(path, native=False)
+    if not native.half:
+        raise NexusError(f"{DEFAULT_EMBEDDER} is not a float16 model: its layers do not run in libnexus")
+    texts = [request_texts(q, value_masking) for q in requests]
+    for t in texts[:5]:
+        native.encode_few(t)
+        f32.encode_few(t)
+    t_nat, t_f32 = [], []
+    clock = time.perf_counter
+    for _ in range(reps):
+        for t in texts:
+            t0 = clock()
+            native.encode_few(t)
+            t1 = clock()
+            f32.encode_few(t)
+            t2 = clock()
+            t_nat.append(t1 - t0)
+            t_f32.append(t2 - t1)
+    v_nat = [native.encode_few(t) for t in texts]
+    v_f32 = [f32.encode_few(t) for t in texts]
+    torch_enc = Embedder(DEFAULT_EMBEDDER)
+    for t in texts[:5]:
+        torch_enc.encode_few(t)
+    t_torch = []
+    for _ in range(max(1, reps // 4)):
+        for t in texts:
+            t0 = clock()
+            torch_enc.encode_few(t)
+            t_torch.append(clock() - t0)
+    v_torch = [torch_enc.encode_few(t) for t in texts]
+
+    def cos_dist(a, b):
+        return float(max(1.0 - float(np.dot(x, y)) for x, y in zip(a, b)))
+
+    def top1(v):
+        return int(np.argmax(dense_tool_scores(all_index.slb, v[0])[0]))
+
+    tops = [(top1(a), top1(b), top1(c)) for a, b, c in zip(v_nat, v_f32, v_torch)]
+    out = {
+        "requests": len(texts), "texts": int(sum(len(t) for t in texts)),
+        "product_native_f16": _ms(t_nat), "numpy_f32": _ms(t_f32), "sentence_transformers": _ms(t_torch),
+        "speedup_vs_numpy_f32": _ratio(t_f32, t_nat), "speedup_vs_sentence_transformers": _ratio(t_torch, t_nat),
+        "max_cosine_distance_vs_numpy_f32": max(cos_dist(a, b) for a, b in zip(v_nat, v_f32)),
+        "max_cosine_distance_vs_sentence_transformers": max(cos_dist(a, c) for a, c in zip(v_nat, v_torch)),
+        "top1_differs_vs_numpy_f32": sum(a != b for a, b, _ in tops),
+        "top1_differs_vs_sentence_transformers": sum(a != c for a, _, c in tops),
+    }
+    return out, [t for t, _ in zip(texts, v_nat)]
+
+
+# ----------------------------------------------------------------------------------------------- 4. requests
+
+def measure_warm_route(index_dir: Path, requests, reps: int) -> dict:
+    router = Router(index_dir, RouterConfig(reranker="none", prefix_store=False))
+    clock = time.perf_counter
+    for q in requests[:5]:
+        router.retrieve(q)
+    total, embed = [], []
+    for _ in range(reps):
+        for q in requests:
+            t0 = clock()
+            scores, tm = router.retrieve(q)
+            top = int(np.argmax(scores))
+            gate_margin(scores, top, router.index.interchangeable(top))
+            total.append(clock() - t0)
+            embed.append(tm["embed"] / 1e3)
+    return {"index_tools": router.index.slb.n_tools, "requests": len(requests), "total": _ms(total),
+            "embed": _ms(embed)}
+
+
+def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
+    """A checkout of `ref` with its own libnexus build: (tree, library)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise UsageError(f"--baseline-ref {ref} is not a commit of this repository") from None
+    tree = WORKTREES / sha[:12]
+    lib = tree / "build" / "libnexus.so"
+    if not (tree / ".git").exists():
+        WORKTREES.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=REPO_ROOT, check=True,
+                       capture_output=True)
+    if not lib.is_file():
+        progress.advance(f"building libnexus of {sha[:12]}")
+        for cmd in (["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DCMAKE_BUILD_TYPE=Release"],
+                    ["cmake", "--build", str(tree / "build"), "-j", "2", "--target", "nexus"]):
+            subprocess.run(cmd, check=True, capture_output=True)
+    return tree, lib
+
+
+def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str) -> tuple[float, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=str(tree), NEXUS_LIB=str(lib))
+    cmd = [sys.executable, "-m", "nexus_cli.cli", "route", query, "--json", "--no-args", "--index", str(index_dir)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=str(tree), env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise NexusError(f"one-shot route from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return dt, json.loads(p.stdout)
+
+
+def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | None, progress) -> dict:
+    trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
+    if baseline_ref:
+        trees["baseline"] = _baseline_tree(baseline_ref, progress)
+    times = {k: [] for k in trees}
+    esc = {k: [] for k in trees}
+    decisions = {k: {} for k in trees}
+    for q in requests:  # untimed: bytecode written, files in the page cache
+        for k, (tree, lib) in trees.items():
+            _oneshot(tree, lib, index_dir, q)
+    order = list(trees)
+    for r in range(rounds):
+        for q in requests:
+            for k in (order if r % 2 == 0 else order[::-1]):
+                tree, lib = trees[k]
+                dt, doc = _oneshot(tree, lib, index_dir, q)
+                times[k].append(dt)
+                esc[k].append(bool(doc["gate"]["escalated"]))
+                decisions[k][q] = f"{doc['server']}/{doc['tool']}"
+            progress.advance(f"one-shot round {r + 1}")
+    out = {"requests": len(requests), "rounds": rounds, "escalated_share": float(np.mean(esc["product"]))}
+    for k in trees:
+        t = np.asarray(times[k])
+        routed = t[~np.asarray(esc[k])]
+        out[k] = {"all": _ms(t), "not_escalated": _ms(routed) if routed.size else None}
+    if baseline_ref:
+        out["baseline_ref"] = baseline_ref
+        out["speedup"] = _ratio(times["baseline"], times["product"])
+        out["same_decisions"] = sum(decisions["product"][q] == decisions["baseline"][q] for q in requests)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rounds: int = 3,
+        baseline_ref: str | None = None, queries: str | None = None, registry_dir=None, seed: int = 0,
+        quick: bool = False, out_dir="results", progress=NULL_PROGRESS) -> dict:
+    requests = _load_requests(Path(queries) if queries else DEFAULT_QUERIES)
+    if quick:
+        requests = requests[:12]
+    run_ = Run(SUITE, params={"small": small, "reps": reps, "oneshot_requests": oneshot_requests,
+                              "oneshot_rounds": oneshot_rounds, "baseline_ref": baseline_ref,
+                              "queries": str(queries or DEFAULT_QUERIES.relative_to(REPO_ROOT)),
+                              "requests": len(requests), "embedder": DEFAULT_EMBEDDER, "quick": quick,
+                              "simd_level": kernels.simd_level()}, seed=seed)
+    progress.set_total(6 + oneshot_rounds)
+    pool = pool_tools(Path(registry_dir) if registry_dir else registry_dir_default())
+    if not 2 <= small <= len(pool):
+        raise UsageError(f"--small must be between 2 and {len(pool)}")
+    small_tools = sorted(random.Random(f"{seed}/latency/{small}").sample(range(len(pool)), small))
+    emb = Embedder(DEFAULT_EMBEDDER)
+    progress.advance("indexes")
+    small_dir = _index_for([pool[i] for i in small_tools], emb)
+    examples = load_example_requests([EXAMPLES])
+    all_dir = _index_for(pool, emb, examples=examples)
+    del emb
+    indexes = {"small": load_index(small_dir), "all": load_index(all_dir)}
+
+    summary: dict = {"kernel": measure_kernel(seed, quick)}
+    progress.advance("kernel")
+
+    encoder, _ = measure_encoder(requests, indexes["all"].value_masking, indexes["all"], max(1, reps // 4))
+    summary["encoder"] = encoder
+    progress.advance("encoder")
+
+    enc = NumpyBertEncoder(resolve_model(DEFAULT_EMBEDDER, kind="embedder"))
+    summary["scan_step"] = {}
+    for name, idx in indexes.items():
+        prepared = []
+        for q in requests:
+            texts = request_texts(q, idx.value_masking)
+            prepared.append((texts, list(enc.encode_few(texts))))
+        summary["scan_step"][name] = measure_scan(idx, prepared, reps)
+    progress.advance("scan step")
+
+    summary["warm_route"] = {name: measure_warm_route(d, requests, max(1, reps // 4))
+                             for name, d in (("small", small_dir), ("all", all_dir))}
+    progress.advance("warm route")
+
+    summary["oneshot"] = measure_oneshot(small_dir, requests[:oneshot_requests], oneshot_rounds, baseline_ref,
+                                         progress)
+    summary["indexes"] = {k: str(Path(v).relative_to(REPO_ROOT)) for k, v in (("small", small_dir), ("all", all_dir))}
+
+    return run_.write(summary, out_dir=out_dir)

@@ -24,13 +24,23 @@ class BM25:
                 w = tf * (k1 + 1) / (tf + norm[i])
                 self.postings.setdefault(tok, []).append((i, w))
         self.idf = {t: math.log(1 + (self.n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
-        self._arrays = {t: (np.asarray([i for i, _ in p], dtype=np.int64), np.asarray([w for _, w in p]))
-                        for t, p in self.postings.items()}
+        # a token's postings as arrays, made when a query first uses it: a one-shot route reads a handful of tokens,
+        # and converting every token's list up front was a quarter of loading a 955-tool index
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _postings(self, tok: str):
+        arr = self._arrays.get(tok)
+        if arr is None:
+            p = self.postings.get(tok)
+            if p is None:
+                return None
+            arr = self._arrays[tok] = (np.asarray([i for i, _ in p], dtype=np.int64), np.asarray([w for _, w in p]))
+        return arr
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float64)
         for tok in set(tokens):
-            arr = self._arrays.get(tok)
+            arr = self._postings(tok)
             if arr is not None:
                 out[arr[0]] += self.idf[tok] * arr[1]
         return out

@@ -25,6 +25,7 @@ from . import (
     bench_args,
     bench_deep_splice,
     bench_l0,
+    bench_latency,
     bench_poisoning,
     bench_routing,
     bench_serve,
@@ -39,7 +40,7 @@ from .results import environment, write_json_doc
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
-ORDER = ["slb", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning", *SECOND_FAMILY_SUITES]
+ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning", *SECOND_FAMILY_SUITES]
 SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
                "embedder": "minilm"}
 POISONING_QUICK = {"attacks": ("instructions", "shadow-exact"), "reranker": "none", "max_queries": 20}
@@ -67,6 +68,9 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
             doc = module.run(out_dir=str(out), quick=quick, progress=prog, model=model)
         elif suite == "slb":
             doc = bench_slb.run(out_dir=str(out), reps=SLB_QUICK_REPS if quick else bench_slb.DEFAULT_REPS)
+        elif suite == "latency":
+            kw = dict(bench_latency.QUICK if quick else bench_latency.DEFAULTS)
+            doc = bench_latency.run(out_dir=str(out), quick=quick, progress=prog, **kw)
         elif suite == "l0":
             doc = bench_l0.run(out_dir=str(out), quick=quick, progress=prog)
         elif suite == "deep-splice":

@@ -192,6 +192,33 @@ def slb(doc) -> list[str]:
     return out
 
 
+def latency(doc) -> list[str]:
+    s = doc["summary"]
+    out = ["### Latency: each step against its baseline", "", f"_{_machine(doc)}_", "",
+           "| step | Nexus | baseline | baseline / Nexus |", "|---|---|---|---|"]
+    for n, r in s["kernel"].items():
+        out.append(f"| SLB top-5 scan, {int(n):,} x 384 (µs; top-1 agreement with f32 {r['top1_agreement']:.3f}) | "
+                   f"{r['cpp_us_p50']:.2f} | NumPy f32 {r['numpy_f32_us_p50']:.1f} | {r['speedup_cpp_vs_numpy_f32']:.1f}x |")
+    for n, r in s["scan_step"].items():
+        out.append(f"| scan step, {r['tools']} tools / {r['vectors']:,} vectors (µs; scores identical: "
+                   f"{'yes' if r['identical_scores'] else 'NO'}) | {_ci(r['product']['median_ci_us'], 1)} | "
+                   f"previous {r['previous']['median_us']:.1f} | {_sp(r['speedup'])} |")
+    e = s["encoder"]
+    out.append(f"| request encoder, warm, {e['requests']} requests (ms) | {_ci(e['product_native_f16']['median_ci_ms'], 2)} | "
+               f"NumPy f32 {e['numpy_f32']['median_ms']:.2f}; sentence-transformers "
+               f"{e['sentence_transformers']['median_ms']:.2f} | {_sp(e['speedup_vs_numpy_f32'])}; "
+               f"{_sp(e['speedup_vs_sentence_transformers'])} |")
+    for n, r in s["warm_route"].items():
+        out.append(f"| warm request (encode + scan + gate), {r['index_tools']} tools (ms) | "
+                   f"{_ci(r['total']['median_ci_ms'], 2)} | — | — |")
+    for n, o in s["oneshot"].items():
+        base = o.get("baseline")
+        out.append(f"| one-shot `nexus route --json --no-args`, {n} index, {o['escalated_share'] * 100:.0f} % escalated "
+                   f"(ms) | {_ci(o['product']['all']['median_ci_ms'], 0)} | "
+                   + (f"{o['baseline_ref']} {base['all']['median_ms']:.0f} | {_sp(o['speedup'])} |" if base else "— | — |"))
+    return out
+
+
 def l0(doc) -> list[str]:
     s = doc["summary"]
     return ["### L0 radix arena (Table IV)", "", f"_{_machine(doc)}_", "",
@@ -281,6 +308,9 @@ def _headline_rows(out_dir: Path) -> list[str]:
     add("slb", "SLB scan, N = 250, d = 384: native / from Python", lambda s, p: (lambda r: (
         f"{r['cpp_us_p50']:.2f} µs / {r['python_us_p50']:.2f} µs"))(next(r for r in s["sizes"] if r["n"] == 250)),
         "8.25 µs / 17.6 µs")
+    add("latency", "warm request (encode + scan + gate), 955 tools / one-shot `nexus route --no-args`", lambda s, p: (
+        f"{s['warm_route']['all']['total']['median_ms']:.1f} ms / "
+        f"{s['oneshot']['all']['product']['all']['median_ms']:.0f} ms"), "—")
     add("l0", "L0 arena warm-hit rate", lambda s, p: _ci(s["hit_rate"], 1, 100) + " %", "69.5 %")
     add("poisoning", "requests one hostile server steals (worst attack), defences on / off", lambda s, p: (
         f"{s['worst_stolen_on']} / {s['worst_stolen_off']} of {s['baseline']['n']}"), "—")
@@ -297,7 +327,7 @@ def headline(out_dir: Path) -> str:
 
 
 SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing), ("args", args),
-            ("slb", slb), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
+            ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
 
 
 def render(out_dir: Path) -> str:

@@ -152,7 +152,7 @@ def measure_scan(index, prepared, reps: int) -> dict:
 
 # ----------------------------------------------------------------------------------------------- 3. encoder
 
-def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> tuple[dict, list]:
+def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> dict:
     path = resolve_model(DEFAULT_EMBEDDER, kind="embedder")
     native = NumpyBertEncoder(path)
     f32 = NumpyBertEncoder(path, native=False)
@@ -202,7 +202,7 @@ def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> tupl
         "top1_differs_vs_numpy_f32": sum(a != b for a, b, _ in tops),
         "top1_differs_vs_sentence_transformers": sum(a != c for a, _, c in tops),
     }
-    return out, [t for t, _ in zip(texts, v_nat)]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- 4. requests
@@ -319,8 +319,7 @@ def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rou
     summary: dict = {"kernel": measure_kernel(seed, quick)}
     progress.advance("kernel")
 
-    encoder, _ = measure_encoder(requests, indexes["all"].value_masking, indexes["all"], max(1, reps // 4))
-    summary["encoder"] = encoder
+    summary["encoder"] = measure_encoder(requests, indexes["all"].value_masking, indexes["all"], max(1, reps // 4))
     progress.advance("encoder")
 
     enc = NumpyBertEncoder(resolve_model(DEFAULT_EMBEDDER, kind="embedder"))

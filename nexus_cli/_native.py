@@ -260,35 +260,12 @@ def header_from_bytes(raw: bytes) -> AtbHeader:
     return AtbHeader.from_buffer_copy(raw)
 
 
-class FastTopk:
-    """nexus_slb_topk with every argument converted once: a call only updates the query scale.
-
-    It goes through a separate function object without argtypes (arguments are already ctypes values), which
-    skips per-call conversion; the lean path of kernels.SlbScanner and of `nexus bench slb`.
-    """
-
-    def __init__(self, db: int, scales: int | None, n: int, dim: int, query: int, k: int, idx: int, score: int):
-        self._fn = lib()["nexus_slb_topk"]  # __getitem__ gives a new function object: its own (empty) argtypes
-        self._fn.restype = ctypes.c_int32
-        self.n_out = ctypes.c_int32()
-        self._scale = ctypes.c_float()
-        self._args = (ctypes.c_void_p(db), ctypes.c_void_p(scales), ctypes.c_int64(n), ctypes.c_int32(dim),
-                      ctypes.c_void_p(query), self._scale, ctypes.c_int32(k), ctypes.c_void_p(idx),
-                      ctypes.c_void_p(score), ctypes.byref(self.n_out))
-
-    def __call__(self, query_scale: float) -> int:
-        self._scale.value = query_scale
-        st = self._fn(*self._args)
-        if st:
-            check(st)
-        return self.n_out.value
-
-
 class FastCall:
     """One libnexus function with every argument converted to a ctypes value once; a call passes them as they are.
 
     It goes through a separate function object without argtypes, which skips per-call conversion; the caller keeps
-    the buffers the pointers name alive and writes its inputs into them in place."""
+    the buffers the pointers name alive and writes its inputs into them (or into a ctypes cell it passed) in place.
+    The lean per-call paths (kernels.SlbScanner, kernels.SlbToolScorer, `nexus bench slb`) use it."""
 
     def __init__(self, name: str, *args):
         self._fn = lib()[name]  # __getitem__ gives a new function object: its own (empty) argtypes

@@ -170,15 +170,22 @@ class SlbScanner:
         self.query = np.zeros(self.dim, dtype=np.int8)
         self._idx = np.empty(self.k, dtype=np.int64)
         self._scores = np.empty(self.k, dtype=np.float32)
-        self._call = _native.FastTopk(_ptr(db), _ptr(self._scales) if self._scales is not None else None, self.n,
-                                      self.dim, _ptr(self.query), self.k, _ptr(self._idx), _ptr(self._scores))
+        self._scale = _native.c_f32(0.0)  # the one argument that changes per call: set in place
+        self._n_out = _native.c_i32(0)
+        self._call = _native.FastCall(
+            "nexus_slb_topk", _native.voidp(_ptr(db)),
+            _native.voidp(_ptr(self._scales) if self._scales is not None else None), _native.c_i64(self.n),
+            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), self._scale, _native.c_i32(self.k),
+            _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)), _native.ref(self._n_out))
 
     def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
         try:
             np.copyto(self.query, query_q, casting="no")
         except (TypeError, ValueError):
             raise UsageError(f"query must be an int8 array of {self.dim} values") from None
-        m = self._call(query_scale)
+        self._scale.value = query_scale
+        self._call()
+        m = self._n_out.value
         if m == self.k:
             return self._idx, self._scores
         return self._idx[:m], self._scores[:m]

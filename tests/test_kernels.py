@@ -354,13 +354,14 @@ def test_missing_library_says_how_to_build_it(tmp_path):
 # ---------------------------------------------------------------- per-tool scores (the router's dense step)
 
 def _previous_dense(db, scales, owners, n_tools, query, k):
-    """What the router computed before the per-tool scorer: a top-k scan, then each tool's maximum in NumPy."""
-    q, qs = kernels.quantize_i8(query.reshape(1, -1))
-    kk = min(k, db.shape[0])
-    idx, sc = kernels.slb_topk(db, scales, q[0], float(qs[0]), kk)
-    out = np.full(n_tools, float(sc[-1]) if kk < db.shape[0] else -1.0, dtype=np.float32)
-    np.maximum.at(out, owners[idx], sc)
-    return out
+    """What the router computed before the per-tool scorer (lab.bench_latency.previous_dense, the benchmark's
+    baseline): a top-k scan, then each tool's maximum in NumPy."""
+    from types import SimpleNamespace
+
+    from nexus_cli.lab import bench_latency
+
+    slb = SimpleNamespace(vectors=db, scales=scales, owners=owners, n_tools=n_tools, n_vectors=db.shape[0])
+    return bench_latency.previous_dense(slb, query, k)[0]
 
 
 def test_slb_tool_scores_match_reference_and_the_topk_view_every_level(restore_level):

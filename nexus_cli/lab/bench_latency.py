@@ -61,11 +61,11 @@ QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_re
 TOP = 10  # candidates ranked after the scores, as the router ranks them
 
 
-def previous_dense(slb, qvec: np.ndarray) -> tuple[np.ndarray, float]:
-    """The dense step the native per-tool scorer replaced: quantize in one call, a top-SCAN_K scan in another, then
-    each tool's maximum in NumPy (a tool with no vector among the SCAN_K best gets the SCAN_K-th score)."""
+def previous_dense(slb, qvec: np.ndarray, k: int = SCAN_K) -> tuple[np.ndarray, float]:
+    """The dense step the native per-tool scorer replaced: quantize in one call, a top-k scan in another, then each
+    tool's maximum in NumPy (a tool with no vector among the k best gets the k-th score)."""
     q, qs = kernels.quantize_i8(np.ascontiguousarray(qvec.reshape(1, -1), dtype=np.float32))
-    k = min(SCAN_K, slb.n_vectors)
+    k = min(k, slb.n_vectors)
     t0 = time.perf_counter()
     idx, sc = kernels.slb_topk(slb.vectors, slb.scales, q[0], float(qs[0]), k)
     dt = time.perf_counter() - t0

@@ -20,13 +20,12 @@ SCAN_K = 256  # a tool with no vector among the SCAN_K best is scored as the SCA
 def tool_scorer(slb: SLB) -> kernels.SlbToolScorer:
     """The SLB's native per-tool scorer, made once per SLB: it reads the vectors where they lie (no copy per
     request)."""
-    scorer = slb.__dict__.get("_tool_scorer")
-    if scorer is None:
+    if slb.scorer is None:
         # floor_k = SCAN_K keeps the scores of the top-SCAN_K scan this replaced, bit for bit: a tool none of whose
         # vectors is among the SCAN_K best is raised to the SCAN_K-th best score (an upper bound on its own)
-        scorer = kernels.SlbToolScorer(slb.vectors, slb.scales, slb.owners, slb.n_tools, floor_k=SCAN_K, base=-1.0)
-        slb.__dict__["_tool_scorer"] = scorer
-    return scorer
+        slb.scorer = kernels.SlbToolScorer(slb.vectors, slb.scales, slb.owners, slb.n_tools, floor_k=SCAN_K,
+                                           base=-1.0)
+    return slb.scorer
 
 
 def dense_tool_scores(slb: SLB, qvec: np.ndarray) -> tuple[np.ndarray, float]:

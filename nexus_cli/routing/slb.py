@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -74,6 +74,8 @@ class SLB:
     owners: np.ndarray  # [n_vec] uint32 tool index of each vector
     scales: np.ndarray  # [n_vec] float32
     vectors: np.ndarray  # [n_vec, dim] int8
+    # the native per-tool scorer over these vectors (scoring.tool_scorer), made on first use
+    scorer: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_tools(self) -> int:

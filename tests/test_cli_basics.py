@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SUBCOMMANDS = ["compile", "index", "route", "splice", "bench", "sweep", "serve", "results", "models"]
-SUITES = {"bench": ["slb", "latency", "deep-splice", "routing", "routing-lso", "args", "l0"], "sweep": ["dkl", "gate"],
+SUITES = {"bench": ["slb", "latency", "deep-splice", "card-splice", "routing", "routing-lso", "args", "l0"], "sweep": ["dkl", "gate"],
           "results": ["all", "summary"], "models": ["fetch", "list"]}
 
 

@@ -38,6 +38,7 @@ from ..adapters.llama import LlamaContext
 from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
+from .cards import CardSpan, card_span
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
 from .prompt import build_messages, source_text, tool_block
 from .repairs import (
@@ -101,7 +102,10 @@ class PromptCache:
     def __init__(self, prefixes: ArgumentPrefixes | None = None):
         self.prefixes = prefixes
 
-    def start(self, ctx: Any, tokens: Sequence[int], n_tool_prefix: int, seq_id: int) -> int:
+    cards = None  # no compiled cards here (a CardSplicer): the one-shot path keeps its exact prefix states
+
+    def start(self, ctx: Any, tokens: Sequence[int], n_tool_prefix: int, seq_id: int,
+              card: CardSpan | None = None) -> int:
         start = 0
         warm = self._WARM.get(ctx) if seq_id == 0 else None  # the Router's sequence for arguments
         if warm is not None and warm[1] == ctx.seq_pos_max(seq_id):
@@ -265,14 +269,16 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        max_tokens: int = DEFAULT_MAX_TOKENS, descriptions: bool = True, post_process: bool = True,
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
-                       time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S) -> ArgsResult:
+                       time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
+                       window_size: tuple[int, int] | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
     prefixes: restore the tool's prompt prefix (system prompt + tool block) from there instead of decoding it, and
     keep it there when it has to be decoded (ArgumentPrefixes). cache: where the prompt's cells come from
     (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's). time_limit_s: the bound on
-    the whole call (None: only max_tokens bounds it).
+    the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
+    (prompt.build_messages; the default is the product's).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -283,14 +289,17 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     first_deadline = t_start + time_limit_s * FIRST_ANSWER_SHARE if time_limit_s else None
     ctx = _context_for(llm)
     cache = cache or PromptCache(prefixes)
-    messages, window = build_messages(spec, query, history, descriptions=descriptions)
+    messages, window = build_messages(spec, query, history, descriptions=descriptions, window_size=window_size)
     tokens = ctx.model.chat_tokens(messages)
     if len(tokens) + max_tokens > ctx.n_ctx:
         raise NexusError(f"argument prompt needs {len(tokens) + max_tokens} cells, the context has {ctx.n_ctx}",
                          hint="shorten the history window or use a larger context")
     n_tool_prefix = tool_prefix_tokens(ctx.model, messages, tool_block(spec, descriptions), tokens) \
         if getattr(cache, "prefixes", None) is not None else 0
-    start = cache.start(ctx, tokens, n_tool_prefix, seq_id)
+    # with compiled cards (the serving engine's cache has a CardSplicer) the tool block is spliced, not decoded
+    card = card_span(ctx.model, messages, tool_block(spec, descriptions), tokens) \
+        if getattr(cache, "cards", None) is not None else None
+    start = cache.start(ctx, tokens, n_tool_prefix, seq_id, card=card)
     # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)
     source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))

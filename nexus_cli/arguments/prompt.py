@@ -172,11 +172,13 @@ def tool_block(spec: ToolSpec, descriptions: bool = True) -> str:
     return f"Tool:\n{sig}"
 
 
-def build_messages(spec: ToolSpec, query: str, history: Sequence[Any] | None = None, descriptions: bool = True) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def build_messages(spec: ToolSpec, query: str, history: Sequence[Any] | None = None, descriptions: bool = True,
+                   window_size: tuple[int, int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(chat messages, pruned history window). The user turn is the window, the tool's block, then the request.
     (The tool's block first would make the prompt up to its end the same for every call of the tool, history or
-    not; on the development sets it lost 3 values in 70 cases, so the order stays: tool_prefix_tokens.)"""
-    window = prune_history(history)
+    not; on the development sets it lost 3 values in 70 cases, so the order stays: tool_prefix_tokens.)
+    window_size: (messages, characters) of the window instead of (HISTORY_TURNS, HISTORY_BUDGET_CHARS)."""
+    window = prune_history(history, *window_size) if window_size else prune_history(history)
     parts = []
     if window:
         parts.append("Conversation so far:\n" + "\n".join(f"{m['role']}: {m['content']}" for m in window))

@@ -2,8 +2,8 @@
 
 import typer
 
-from . import (bench_args, bench_deep_splice, bench_l0, bench_latency, bench_lso, bench_poisoning, bench_routing, bench_serve,
-               bench_slb)
+from . import (bench_args, bench_cards, bench_deep_splice, bench_l0, bench_latency, bench_lso, bench_poisoning,
+               bench_routing, bench_serve, bench_slb)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
@@ -12,6 +12,9 @@ app.command("latency", help="Where users wait: SLB kernel, scan step, request en
 )
 app.command("deep-splice", help="Table III: splice + repair TTFT against text prefill, per K and depth.")(
     bench_deep_splice.command
+)
+app.command("card-splice", help="Sessions: the tool's card spliced after the conversation against re-prefilled; the repair calibrated per model.")(
+    bench_cards.command
 )
 app.command("routing", help="Routing accuracy against registry size (Fig 5, Table IV).")(bench_routing.command)
 app.command("routing-lso", help="Routing on servers the router embedder never trained on (leave-servers-out).")(

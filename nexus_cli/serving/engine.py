@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments import generate_arguments
+from ..arguments.cards import CardSplicer, CardStore
 from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
 from ..errors import FormatError, ModelError, NexusError, UsageError
 from ..routing.router import Router, RouterConfig
@@ -63,6 +64,8 @@ class EngineConfig:
     deep_splice: str | None = None  # folder of .atb blocks (nexus compile --flash-attn) or None
     splice_mode: str = "sidecar"  # sidecar (anchored at position 0) or cursor (live cursor, depth-adaptive repair)
     deterministic: bool = False  # True: StateArena (outputs independent of other turns, bit for bit); see l0_arena
+    card_splice: bool = True  # the tool's card compiled once and spliced after the conversation (arguments/cards.py)
+    card_cache: str | None = None  # folder of compiled cards (None: $NEXUS_CARD_CACHE or ~/.cache/nexus/cards)
 
 
 @dataclass
@@ -109,6 +112,7 @@ class Engine:
         self._specs: dict[str, Any] = {}
         self._blocks: dict[str, Any] = {}
         self._splice_engine = None
+        self._cards: CardSplicer | None = None
         self.turns = 0
 
     # ------------------------------------------------------------------------------------------- lazy model
@@ -144,12 +148,26 @@ class Engine:
         self.context()
         return self._arena
 
+    def card_splicer(self) -> CardSplicer | None:
+        """The splicer of compiled cards on the shared context, or None when card splicing is off."""
+        if not self.config.card_splice:
+            return None
+        with self.lock:
+            if self._cards is None:
+                store = CardStore(self.config.card_cache) if self.config.card_cache else CardStore.default()
+                if store is None:
+                    return None
+                self._cards = CardSplicer(self.context(), store, self.WORK_SEQ, self.scratch_seq)
+            return self._cards
+
     def close(self) -> None:
         with self.lock:
             if self._ctx is not None:
                 self._ctx.close()
                 self._ctx = None
                 self._arena = None
+                self._cards = None
+                self._splice_engine = None
 
     # ------------------------------------------------------------------------------------------- a turn
     def turn(self, query: str, history: Sequence[dict] | None = None, with_args: bool | None = None,
@@ -178,7 +196,7 @@ class Engine:
         spec = self.router.spec(entry)
         res = out.route
         ctx = self.context()
-        cache = ArenaCache(self._arena, owner)
+        cache = ArenaCache(self._arena, owner, self.card_splicer())
         try:
             try:
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
@@ -188,7 +206,7 @@ class Engine:
                 if "no KV slot" not in e.message and "context full" not in e.message:
                     raise
                 self._arena.clear()  # the cache is full of other conversations' slots: drop them and prefill cold
-                cache = ArenaCache(self._arena, owner)
+                cache = ArenaCache(self._arena, owner, self.card_splicer())
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
                                        seq_id=self._arena.work_seq, cache=cache,
                                        time_limit_s=self.config.args_time_limit_s)
@@ -285,20 +303,30 @@ class ArenaCache:
     longest exact token prefix with the prompt is shared into the working sequence, and the prompt with the first
     answer is committed to a slot, where the conversation's next turn finds it."""
 
-    def __init__(self, arena, owner: str | None):
+    def __init__(self, arena, owner: str | None, cards: CardSplicer | None = None):
         self.arena = arena
         self.owner = owner
+        self.cards = cards
+        self.card: dict | None = None  # what happened to the tool's card (CardSplicer.prepare's report)
         self.prefixes = None
         self.acquired = None
         self.prompt = 0
+        self.decoded = 0
         self.generated = 0
         self.slot = None
         self.held: list[int] = []
 
-    def start(self, ctx, tokens: Sequence[int], n_tool_prefix: int, seq_id: int) -> int:
+    def start(self, ctx, tokens: Sequence[int], n_tool_prefix: int, seq_id: int, card=None) -> int:
         self.acquired = self.arena.acquire(tokens, owner=self.owner)
         self.prompt = len(tokens)
-        return self.acquired.n_reused
+        n = self.acquired.n_reused
+        self.decoded = len(tokens) - n
+        if card is None or self.cards is None:
+            return n
+        start, self.card = self.cards.prepare(tokens, card, n)
+        if self.card["status"] == "spliced":  # everything after the reused cells but the spliced ones
+            self.decoded = len(tokens) - min(n, card.head) - self.card["spliced"]
+        return start
 
     def kept(self, ctx, tokens: Sequence[int], generated: Sequence[int] | None, seq_id: int) -> None:
         if generated is None:  # a second pass: the slot keeps the first answer
@@ -310,5 +338,8 @@ class ArenaCache:
 
     def report(self) -> dict:
         acq = self.acquired
-        return {"reused": acq.n_reused, "decoded": self.prompt - acq.n_reused, "prompt": self.prompt,
-                "generated": self.generated, "hit": acq.hit, "slot": self.slot, "copy_us": round(acq.copy_ns / 1e3, 3)}
+        out = {"reused": acq.n_reused, "decoded": self.decoded, "prompt": self.prompt,
+               "generated": self.generated, "hit": acq.hit, "slot": self.slot, "copy_us": round(acq.copy_ns / 1e3, 3)}
+        if self.card is not None:
+            out["card"] = self.card
+        return out

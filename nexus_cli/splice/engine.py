@@ -153,19 +153,17 @@ class SpliceEngine:
         self.live = live_seq
         self.scratch = scratch_seq
         self.schedule = schedule or Schedule()
-        self._checked: set[int] = set()
         self._bufs: dict[int, np.ndarray] = {}
 
     def check(self, block, source: str = "block") -> None:
         check_block(block.header, self.ctx.identity, self.ctx.v_layout, source)
-        self._checked.add(id(block))
 
     def recompute_pct(self, n_past: int, recompute: float | None) -> float:
         return self.schedule.pct(n_past) if recompute is None else float(recompute)
 
     def _buffer(self, block) -> np.ndarray:
         buf = self._bufs.get(id(block))
-        if buf is None:
+        if buf is None or buf.size != int(block.blob_size):  # an id can be reused by a later block
             buf = np.empty(int(block.blob_size), dtype=np.uint8)
             buf.fill(0)  # touch the pages now, not inside the timed path
             self._bufs[id(block)] = buf
@@ -182,8 +180,6 @@ class SpliceEngine:
         seam, then decode `then_tokens` (fused with the repair into one decode). Returns timings and, when anything
         was decoded, the logits of the last token."""
         ctx = self.ctx
-        if id(block) not in self._checked:
-            self.check(block)
         pct = self.recompute_pct(n_past, parse_recompute(recompute) if isinstance(recompute, str) else recompute)
         h = block.header
         S = int(h.n_tokens)
@@ -194,37 +190,47 @@ class SpliceEngine:
             raise ModelError(f"context too small: {n_past} + {S} block + {len(then)} tokens > n_ctx {ctx.n_ctx}")
         if ctx.seq_pos_max(self.live) != n_past - 1:
             raise ModelError(f"live sequence ends at position {ctx.seq_pos_max(self.live)}, not at n_past - 1 = {n_past - 1}")
-        r = recompute_tokens(S, pct)
-        buf = self._buffer(block)
+        placed = self.place(block, n_past, pct)
+        r = placed.recomputed_tokens
+        t2 = time.perf_counter()
+        logits = None
+        toks = [int(t) for t in block.tokens[S - r:]] + then
+        if toks:
+            ctx.decode(toks, n_past + S - r, self.live)
+            logits = ctx.logits()
+        placed.t_decode_ms = (time.perf_counter() - t2) * 1e3
+        placed.logits = logits
+        return placed
 
+    def place(self, block, n_past: int, pct: float, head: int = 0) -> SpliceResult:
+        """Steps 1 and 2 of a splice, and the first half of the repair: the block's cells land at n_past .. of the
+        live sequence (which holds exactly [0, n_past)), then its last r = ceil(S * pct / 100) cells are removed
+        again, so the sequence holds [0, n_past + S - r) and the caller decodes block.tokens[S - r:] (the repair)
+        with whatever follows, in one decode of its own (arguments/cards.py fuses it with the rest of the prompt).
+        Nothing is decoded here; t_decode_ms is 0.
+
+        head > 0: the block's first `head` tokens were decoded by the caller after the live tokens (they attend to the
+        conversation, as EPIC recomputes a block's first tokens), so the live sequence holds [0, n_past + head) and
+        only the cells after them are copied in."""
+        ctx = self.ctx
+        self.check(block)  # every time: a few comparisons, and an id can be reused by a later block
+        S = int(block.header.n_tokens)
+        if n_past + S > ctx.n_ctx:
+            raise ModelError(f"context too small: {n_past} + {S} block tokens > n_ctx {ctx.n_ctx}")
+        if ctx.seq_pos_max(self.live) != n_past + head - 1:
+            raise ModelError(f"live sequence ends at position {ctx.seq_pos_max(self.live)}, "
+                             f"not at n_past + head - 1 = {n_past + head - 1}")
+        r = min(recompute_tokens(S, pct), S - head)
+        buf = self._buffer(block)
         t0 = time.perf_counter()
         blob = block.splice_blob_into(buf, n_past, self.scratch)  # native: rotate K by n_past - m0, write cells
         t1 = time.perf_counter()
         ctx.state_seq_set(blob.view, self.scratch)
-        ctx.seq_cp(self.scratch, self.live, n_past, n_past + S)
+        ctx.seq_cp(self.scratch, self.live, n_past + head, n_past + S - r)  # the repair's cells stay out
         ctx.seq_rm(self.scratch, -1, -1)
         t2 = time.perf_counter()
-        logits = None
-        if r > 0:
-            start = n_past + S - r
-            ctx.seq_rm(self.live, start, -1)
-            toks = [int(t) for t in block.tokens[S - r:]] + then
-            ctx.decode(toks, start, self.live)
-            logits = ctx.logits()
-        elif then:
-            ctx.decode(then, n_past + S, self.live)
-            logits = ctx.logits()
-        t3 = time.perf_counter()
-        return SpliceResult(
-            n_past=n_past,
-            n_tokens=S,
-            R_pct=pct,
-            recomputed_tokens=r,
-            t_blob_ms=(t1 - t0) * 1e3,
-            t_merge_ms=(t2 - t1) * 1e3,
-            t_decode_ms=(t3 - t2) * 1e3,
-            logits=logits,
-        )
+        return SpliceResult(n_past=n_past, n_tokens=S, R_pct=pct, recomputed_tokens=r,
+                            t_blob_ms=(t1 - t0) * 1e3, t_merge_ms=(t2 - t1) * 1e3, t_decode_ms=0.0)
 
 
 def open_checked_block(path, verify: bool = True):

@@ -1,0 +1,245 @@
+"""Compiled tool cards in the live path (arguments/cards.py): the argument prompt's tool block is compiled once per
+model and tool and spliced after the conversation. Without a window the card lands where it was compiled and the
+arguments are those of a full prefill, bit for bit in the logits; with a window it is re-anchored and repaired; a
+corrupt, foreign or mismatched card file is refused and compiled again, never spliced. Real SmolLM2 (+ Qwen2.5-0.5B
+for the foreign-model card)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FORGE = REPO / "tool_registries" / "github_like.json"
+HISTORY = [
+    {"role": "user", "content": "I am working on the acme/api repository today"},
+    {"role": "assistant", "content": "Sure, what should I do in acme/api?"},
+]
+
+
+@pytest.fixture(scope="module")
+def forge_index(tmp_path_factory):
+    from nexus_cli.adapters.embedder import Embedder
+    from nexus_cli.registry import load_registries
+    from nexus_cli.routing.build import build_index
+
+    out = tmp_path_factory.mktemp("cards-idx") / "forge"
+    build_index(load_registries([FORGE]), out, embedder=Embedder("minilm"), sources=[str(FORGE)])
+    return out
+
+
+def _engine(index, cards: str | None, model: str = "smollm2-135m"):
+    from nexus_cli.serving.engine import Engine, EngineConfig
+
+    cfg = EngineConfig(model=model, reranker="none", card_splice=cards is not None, card_cache=cards, slots=4,
+                       n_ctx=4096)
+    return Engine(str(index), cfg)
+
+
+def _spec(engine, tool: str):
+    entry = next(t for t in engine.router.index.tools if t.name == tool)
+    return engine.router.spec(entry)
+
+
+def _prompt(engine, tool, query, history):
+    from nexus_cli.arguments.cards import card_span
+    from nexus_cli.arguments.prompt import build_messages, tool_block
+
+    spec = _spec(engine, tool)
+    model = engine.model()
+    messages, _ = build_messages(spec, query, history)
+    tokens = model.chat_tokens(messages)
+    return spec, tokens, card_span(model, messages, tool_block(spec), tokens)
+
+
+def test_the_card_span_is_the_prompts_own_tokens(forge_index):
+    eng = _engine(forge_index, None)
+    try:
+        for history in (None, HISTORY):
+            spec, tokens, span = _prompt(eng, "close_issue", "close issue 12 in acme/api", history)
+            assert span is not None
+            model = eng.model()
+            assert model.detokenize(span.tokens).startswith("Tool:\n")
+            assert list(tokens[span.head:span.end]) == list(span.tokens)
+            assert list(tokens[:len(span.anchor)]) == list(span.anchor)
+            assert "Request:" in model.detokenize(tokens[span.end:])
+            if history is None:
+                assert span.head == len(span.anchor)  # the card follows the anchor: it lands where it was compiled
+            else:
+                assert span.head > len(span.anchor) + 10
+                assert "acme/api repository" in model.detokenize(tokens[len(span.anchor):span.head])
+    finally:
+        eng.close()
+
+
+def _logits_after(engine, tokens, span, use_card: bool, head_pct: float | None = None, cells: bool = False):
+    """The next-token logits after the whole prompt, decoded in full or with the card spliced (with the splicer's
+    repair, or `head_pct` of the card decoded); with cells=True also the K/V cells of the card's positions."""
+    from nexus_cli.arguments.cards import CardRepair
+    from nexus_cli.splice.compile import extract_cells
+
+    ctx = engine.context()
+    seq = engine.WORK_SEQ
+    ctx.seq_rm(seq, -1, -1)
+    start = 0
+    if use_card:
+        splicer = engine.card_splicer()
+        kept = splicer.repair
+        if head_pct is not None:
+            splicer.repair = CardRepair(((None, head_pct),))
+        try:
+            start, report = splicer.prepare(tokens, span, 0)
+        finally:
+            splicer.repair = kept
+        assert report["status"] == "spliced"
+    kv = extract_cells(ctx, seq, span.head, span.end) if cells and use_card else None
+    ctx.decode(tokens[start:], start, seq)
+    out = np.array(ctx.logits(), copy=True)
+    if cells and not use_card:
+        kv = extract_cells(ctx, seq, span.head, span.end)
+    ctx.seq_rm(seq, -1, -1)
+    return (out, kv) if cells else out
+
+
+def _kl(a, b) -> float:
+    p, q = _softmax(a), _softmax(b)
+    return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+def test_a_card_without_a_window_is_exact_and_one_with_a_window_is_repaired(forge_index, tmp_path):
+    eng = _engine(forge_index, str(tmp_path / "cards"))
+    try:
+        _, tokens, span = _prompt(eng, "close_issue", "close issue 12 in acme/api", None)
+        full, full_kv = _logits_after(eng, tokens, span, use_card=False, cells=True)
+        spliced, card_kv = _logits_after(eng, tokens, span, use_card=True, cells=True)
+        # delta 0, nothing decoded again: the card's cells are the bytes a decode of the same tokens writes
+        assert np.array_equal(full_kv[0], card_kv[0]) and np.array_equal(full_kv[1], card_kv[1])
+        # the logits then differ from the full prefill only as much as any other placement of the cells in the
+        # cache does (llama.cpp's CPU attention sums in cell order: the layout floor, ~3e-3 nats here)
+        assert _kl(full, spliced) < 0.02
+        assert eng.card_splicer().store.compiled == 1
+        assert len(list((tmp_path / "cards").glob("*/*.atb"))) == 1
+
+        _, tokens, span = _prompt(eng, "close_issue", "now close issue 12 there", HISTORY)
+        assert eng.card_splicer().head_tokens(span) > 0
+        full = _logits_after(eng, tokens, span, use_card=False)
+        bare = _logits_after(eng, tokens, span, use_card=True, head_pct=0.0)
+        repaired = _logits_after(eng, tokens, span, use_card=True, head_pct=50.0)
+        assert eng.card_splicer().store.compiled == 1 and eng.card_splicer().store.memory_hits == 2  # the same card
+        # re-anchored after a conversation it never attended to, the bare card is off; decoding its first half
+        # after the conversation brings it most of the way back
+        assert 0 < _kl(full, repaired) < _kl(full, bare) / 2, (_kl(full, repaired), _kl(full, bare))
+    finally:
+        eng.close()
+
+
+def _softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_a_turn_reports_its_card_and_gives_valid_arguments(forge_index, tmp_path):
+    eng = _engine(forge_index, str(tmp_path / "cards"))
+    plain = _engine(forge_index, None)
+    try:
+        first = eng.turn("close issue 12 in acme/api")
+        card = first.kv["card"]
+        assert card["status"] == "spliced" and card["card"] == "compiled" and card["recomputed"] == 0
+        assert first.route.arguments == plain.turn("close issue 12 in acme/api").route.arguments  # exact at delta 0
+        assert first.kv["decoded"] == first.kv["prompt"] - first.kv["reused"] - card["tokens"]
+
+        again = eng.turn("now close issue 12 there", history=HISTORY)
+        card = again.kv["card"]
+        assert card["status"] == "spliced" and card["card"] == "memory" and card["recomputed"] > 0
+        assert card["n_past"] > 0 and card["recomputed"] + card["spliced"] == card["tokens"] and again.args_valid
+        # the same arguments as the card decoded in full (SmolLM2's own answer, whatever its values)
+        assert again.route.arguments == plain.turn("now close issue 12 there", history=HISTORY).route.arguments
+    finally:
+        eng.close()
+        plain.close()
+
+
+def _card_file(root: Path) -> Path:
+    files = list(root.glob("*/*.atb"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_a_corrupt_or_mismatched_card_is_refused_and_compiled_again(forge_index, tmp_path):
+    root = tmp_path / "cards"
+    eng = _engine(forge_index, str(root))
+    try:
+        ref = eng.turn("close issue 12 in acme/api").route.arguments
+    finally:
+        eng.close()
+    path = _card_file(root)
+    good = path.read_bytes()
+
+    def fresh_turn():
+        e = _engine(forge_index, str(root))
+        try:
+            r = e.turn("close issue 12 in acme/api")
+            return r, e.card_splicer().store
+        finally:
+            e.close()
+
+    r, store = fresh_turn()  # a new process finds the card on disk
+    assert r.kv["card"]["card"] == "disk" and store.refused == 0 and r.route.arguments == ref
+
+    raw = bytearray(good)
+    raw[-100] ^= 0xFF  # a flipped byte in the V payload
+    path.write_bytes(bytes(raw))
+    r, store = fresh_turn()
+    assert r.kv["card"]["card"] == "compiled" and store.refused == 1
+    assert "checksum" in store.last_refusal.lower() or "crc" in store.last_refusal.lower(), store.last_refusal
+    assert r.route.arguments == ref and path.read_bytes() == good  # compiled again: the same bytes
+
+    path.write_bytes(good[:1000])  # truncated
+    r, store = fresh_turn()
+    assert r.kv["card"]["card"] == "compiled" and store.refused == 1 and path.read_bytes() == good
+
+
+@pytest.mark.qwen
+def test_a_card_of_another_model_is_refused(forge_index, tmp_path):
+    """A card file from another model under this model's name (copied by hand) is refused by its fingerprint."""
+    from nexus_cli.arguments.cards import card_key
+
+    root = tmp_path / "cards"
+    eng = _engine(forge_index, str(root))
+    try:
+        eng.turn("close issue 12 in acme/api")
+    finally:
+        eng.close()
+    smol_card = _card_file(root)
+
+    qwen = _engine(forge_index, str(root), model="qwen2.5-0.5b")
+    try:
+        _, tokens, span = _prompt(qwen, "close_issue", "close issue 12 in acme/api", None)
+        target = qwen.card_splicer().store.path_for(qwen.context(), card_key(qwen.context(), span))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(smol_card, target)
+        r = qwen.turn("close issue 12 in acme/api")
+        store = qwen.card_splicer().store
+        assert r.kv["card"]["card"] == "compiled" and store.refused == 1
+        assert "fingerprint" in store.last_refusal, store.last_refusal
+        assert r.args_valid and r.route.arguments.get("number") == 12
+    finally:
+        qwen.close()
+
+
+def test_card_splicing_off_prefills_the_card(forge_index, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEXUS_CARD_CACHE", "off")
+    from nexus_cli.serving.engine import Engine, EngineConfig
+
+    eng = Engine(str(forge_index), EngineConfig(model="smollm2-135m", reranker="none", slots=4, n_ctx=4096))
+    try:
+        assert eng.card_splicer() is None
+        r = eng.turn("close issue 12 in acme/api")
+        assert "card" not in r.kv and r.kv["decoded"] == r.kv["prompt"] - r.kv["reused"]
+    finally:
+        eng.close()

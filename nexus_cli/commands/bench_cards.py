@@ -57,6 +57,11 @@ def render(doc: dict, console) -> None:
                   f"{c['same_arguments']['value'] * 100:.0f} %", fmt_kl(c["kl_mean"]), fmt_kl(c["kl_bare_mean"]),
                   fmt_kl(c["floor_kl_mean"]))
     console.print(t)
+    alt = [(d, c["alt"]) for d, c in s["test"].items() if d != "targets"]
+    if alt:
+        console.print(f"with {alt[0][1]['head_pct']:g} % of the card decoded at every depth instead: " + "; ".join(
+            f"{'window' if d == '0' else d}: {fmt_speedup(a['speedup'])}, same args "
+            f"{a['same_arguments']['value'] * 100:.0f} %, KL {fmt_kl(a['kl_mean'])}" for d, a in alt), highlight=False)
     tg = s["test"]["targets"]["depth_ge_512"]
     console.print(f"targets at depth >= 512 (n={tg['n']}): speedup >= 2x: {_yn(tg['speedup_ge_2x'])}; same arguments "
                   f">= 98 %: {_yn(tg['same_arguments_ge_98pct'])}; KL <= 2x floor: {_yn(tg['kl_le_2x_floor'])}",

@@ -10,7 +10,8 @@ that deep.
 
 Split: development = the cases of args_cases, _b, _c, _d; test = _e, _f, _g, _h. The repair is chosen on
 development only: per depth band, the smallest share H of the card's first tokens decoded after the conversation
-(grid HEAD_GRID) whose mean KL against the re-prefill stays within 2x the mean floor of that band. The test part then
+(grid HEAD_GRID) whose mean KL against the re-prefill stays within 2x the mean floor of that band. Eq. (2)'s repair
+(the card's last tokens decoded again, TAIL_GRID) is measured on the same conversations for comparison. The test part then
 measures, with the calibrated repair, per conversation:
 
   re-prefill   the work sequence holds the conversation [0, head); the card, the request and the assistant header are
@@ -20,10 +21,11 @@ measures, with the calibrated repair, per conversation:
   floor        the re-prefill again with its cells FLOOR_SHIFT places further in the cache (another sequence's cells
                taken first): llama.cpp's CPU attention sums in cell order, so this is the noise of placement alone,
                which any reuse of cached cells (the L0 arena's included) also carries;
-  arguments    `generate_arguments` over both paths (greedy, grammar, repairs): the share of turns whose arguments are
-               identical.
+  alt          the splice with a fixed share ALT_HEAD decoded instead of the calibrated one (the trade-off);
+  arguments    `generate_arguments` over the three paths (greedy, grammar, repairs): the share of turns whose
+               arguments are identical to the re-prefill's.
 
-Which timed path runs first is drawn at random per conversation. KL = D_KL(p_reprefill || p_splice) of the next token.
+The order of the timed paths is drawn at random per conversation. KL = D_KL(p_reprefill || p_splice) of the next token.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ QUERIES = REPO_ROOT / "benchmarks" / "queries"
 DEV_FILES = ("args_cases.jsonl", "args_cases_b.jsonl", "args_cases_c.jsonl", "args_cases_d.jsonl")
 TEST_FILES = ("args_cases_e.jsonl", "args_cases_f.jsonl", "args_cases_g.jsonl", "args_cases_h.jsonl")
 HEAD_GRID = (0.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0)
+ALT_HEAD = 30.0  # a fixed share measured beside the calibrated one on the test part: where more decoding stopped
+#                 helping on the development conversations (the knee of the KL curve)
+TAIL_GRID = (5.0, 30.0, 50.0)  # eq. (2)'s repair (the card's last tokens decoded again), compared on the same runs
 BANDS = (512, 1024, 2048)  # depth bands of the repair: up to 512, 1024, 2048 tokens; beyond, the last one's share
 WIDE = (100_000, 10_000_000)  # a window that keeps every earlier turn (its depth is set by the turns given)
 DEFAULTS = dict(model=DEFAULT_LLM, depths=[0, 512, 1024, 2048], dev_cases=3, test_cases=6, max_fold=2.0)
@@ -150,6 +155,14 @@ def _spliced(ctx, splicer: CardSplicer, tokens, span, head_pct: float | None = N
     return logits, ms
 
 
+def _tail_repaired(ctx, splicer: CardSplicer, tokens, span, pct: float) -> np.ndarray:
+    """The card spliced whole with eq. (2)'s repair instead: its last ceil(S * pct / 100) tokens decoded again."""
+    ctx.seq_rm(WORK, span.head, -1)
+    block, _ = splicer.store.block_for(ctx, span, SCRATCH)
+    placed = splicer.engine.place(block, span.head, pct)
+    return _tail(ctx, tokens, span.end - placed.recomputed_tokens)
+
+
 def _floor(ctx, tokens, head: int, ref: np.ndarray) -> float:
     ctx.seq_rm(WORK, head, -1)
     # FLOOR_SHIFT cells taken first: the tail lands after them (a shift of one cell often sums in the same order)
@@ -176,8 +189,10 @@ def _calibrate(rows: list[dict], max_fold: float) -> tuple[list, dict]:
         means = {h: float(np.mean([r["kl_by_head"][f"{h:g}"] for r in sel])) for h in HEAD_GRID}
         chosen = next((h for h in HEAD_GRID if means[h] <= max_fold * floor), 100.0)
         bands.append([b, chosen])
-        detail[str(b)] = {"n": len(sel), "floor_kl_mean": floor, "kl_mean_by_head": {f"{h:g}": v for h, v in means.items()},
-                          "chosen_head_pct": chosen}
+        tails = {f"{t:g}": float(np.mean([r["kl_by_tail"][f"{t:g}"] for r in sel])) for t in TAIL_GRID}
+        detail[str(b)] = {"n": len(sel), "depth_median": float(np.median([r["head"] for r in sel])),
+                          "floor_kl_mean": floor, "kl_mean_by_head": {f"{h:g}": v for h, v in means.items()},
+                          "kl_mean_by_tail": tails, "chosen_head_pct": chosen}
     if bands and bands[-1][0] is not None:
         bands.append([None, bands[-1][1]])  # beyond the deepest band measured: its share
     return bands, detail
@@ -264,26 +279,36 @@ def _measure(ctx, llm, splicer, cases, depths, spec_of, calibrate: bool, progres
             if calibrate:
                 row["kl_by_head"] = {f"{h:g}": kl_divergence(ref, _spliced(ctx, splicer, tokens, span, h)[0])
                                      for h in HEAD_GRID}
+                row["kl_by_tail"] = {f"{t:g}": kl_divergence(ref, _tail_repaired(ctx, splicer, tokens, span, t))
+                                     for t in TAIL_GRID}
             else:
-                first_splice = bool(rng.integers(2))  # which timed path runs first, at random per conversation
-                if first_splice:
-                    spl, t_spl = _spliced(ctx, splicer, tokens, span)
-                    _, t_pre = _reprefill(ctx, tokens, span.head)
-                else:
-                    _, t_pre = _reprefill(ctx, tokens, span.head)
-                    spl, t_spl = _spliced(ctx, splicer, tokens, span)
+                paths = {"reprefill": lambda: _reprefill(ctx, tokens, span.head),
+                         "splice": lambda: _spliced(ctx, splicer, tokens, span),
+                         "alt": lambda: _spliced(ctx, splicer, tokens, span, ALT_HEAD)}
+                order = [list(paths)[i] for i in rng.permutation(len(paths))]  # a random order per conversation
+                timed = {name: paths[name]() for name in order}
                 bare, _ = _spliced(ctx, splicer, tokens, span, 0.0)
-                row.update(head_pct=splicer.repair.head_pct(span.head), reprefill_ms=t_pre, splice_ms=t_spl,
-                           splice_first=first_splice, kl=kl_divergence(ref, spl), kl_bare=kl_divergence(ref, bare),
+                spl, alt = timed["splice"][0], timed["alt"][0]
+                row.update(head_pct=splicer.repair.head_pct(span.head), order=order,
+                           reprefill_ms=timed["reprefill"][1], splice_ms=timed["splice"][1], alt_ms=timed["alt"][1],
+                           kl=kl_divergence(ref, spl), kl_alt=kl_divergence(ref, alt), kl_bare=kl_divergence(ref, bare),
                            top1_same=bool(int(np.argmax(ref)) == int(np.argmax(spl))))
                 args = {}
-                for name, cards in (("reprefill", None), ("splice", splicer)):
+                for name, cards, pct in (("reprefill", None, None), ("splice", splicer, None),
+                                         ("alt", splicer, ALT_HEAD)):
                     ctx.seq_rm(WORK, span.head, -1)
-                    a = generate_arguments(ctx, spec, case["query"], history, seq_id=WORK, cache=_Held(span.head, cards),
-                                           window_size=size)
+                    kept = splicer.repair
+                    if pct is not None:
+                        splicer.repair = CardRepair(((None, pct),))
+                    try:
+                        a = generate_arguments(ctx, spec, case["query"], history, seq_id=WORK,
+                                               cache=_Held(span.head, cards), window_size=size)
+                    finally:
+                        splicer.repair = kept
                     args[name] = {"arguments": a.arguments, "valid": a.valid}
                 row["arguments"] = args
                 row["same_arguments"] = args["reprefill"] == args["splice"]
+                row["same_arguments_alt"] = args["reprefill"] == args["alt"]
             ctx.seq_rm(WORK, -1, -1)
             rows.append(row)
     return rows
@@ -308,6 +333,12 @@ def _summarize(rows: list[dict], depths: list[int], n_boot: int, seed: int) -> d
             "speedup": stats.speedup_ci([r["reprefill_ms"] for r in sel], [r["splice_ms"] for r in sel], n_boot,
                                         seed + 2),
             "same_arguments": stats.wilson(same, len(sel)),
+            "alt": {"head_pct": ALT_HEAD,
+                    "splice_ms": stats.median_ci([r["alt_ms"] for r in sel], n_boot, seed + 3),
+                    "speedup": stats.speedup_ci([r["reprefill_ms"] for r in sel], [r["alt_ms"] for r in sel], n_boot,
+                                                seed + 4),
+                    "same_arguments": stats.wilson(sum(r["same_arguments_alt"] for r in sel), len(sel)),
+                    "kl_mean": float(np.mean([r["kl_alt"] for r in sel]))},
             "top1_same": stats.wilson(sum(r["top1_same"] for r in sel), len(sel)),
             "kl_mean": kl, "kl_bare_mean": float(np.mean([r["kl_bare"] for r in sel])),
             "floor_kl_mean": floor, "kl_over_floor": kl / floor if floor > 0 else math.inf,

@@ -35,9 +35,14 @@ def forge_index(tmp_path_factory):
 def _engine(index, cards: str | None, model: str = "smollm2-135m"):
     from nexus_cli.serving.engine import Engine, EngineConfig
 
+    from nexus_cli.arguments.cards import CardRepair
+
     cfg = EngineConfig(model=model, reranker="none", card_splice=cards is not None, card_cache=cards, slots=4,
                        n_ctx=4096)
-    return Engine(str(index), cfg)
+    engine = Engine(str(index), cfg)
+    if cards is not None:  # half of the card decoded after a conversation, whatever the model's calibration says
+        engine.card_splicer().repair = CardRepair(((None, 50.0),))
+    return engine
 
 
 def _spec(engine, tool: str):
@@ -243,3 +248,29 @@ def test_card_splicing_off_prefills_the_card(forge_index, tmp_path, monkeypatch)
         assert "card" not in r.kv and r.kv["decoded"] == r.kv["prompt"] - r.kv["reused"]
     finally:
         eng.close()
+
+
+def test_sessions_on_the_command_line_splice_cards_unless_told_not_to(forge_index, tmp_path):
+    """`nexus route --session` as a script runs it: turn 2 (a conversation before the card) splices the card compiled
+    in turn 1 from the card cache; --no-cards decodes it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NEXUS_DEBUG": "0", "NEXUS_CARD_CACHE": str(tmp_path / "cards")}
+
+    def turn(sdir, query, *extra):
+        p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "route", query, "--index", str(forge_index),
+                            "--model", "smollm2-135m", "--reranker", "none", "--session", str(sdir), "--json", *extra],
+                           capture_output=True, text=True, cwd=REPO, timeout=600, env=env, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    first = turn(tmp_path / "a", "close issue 12 in acme/api")
+    assert first["tool"] == "close_issue" and first["kv"]["card"]["card"] == "compiled"
+    second = turn(tmp_path / "a", "now close issue 14 there")
+    card = second["kv"]["card"]
+    assert second["tool"] == "close_issue" and card["n_past"] > 0
+    assert card["status"] == "decoded" or (card["status"] == "spliced" and card["card"] == "disk")
+    off = turn(tmp_path / "b", "close issue 12 in acme/api", "--no-cards")
+    assert "card" not in off["kv"] and off["arguments"] == first["arguments"]

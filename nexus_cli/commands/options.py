@@ -41,6 +41,10 @@ def rerank_model() -> Any:
     return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm, --model for likelihood).")
 
 
+def cards() -> Any:
+    return typer.Option(True, "--cards/--no-cards", help="Sessions and serve: splice the chosen tool's compiled card after the conversation instead of decoding it (kept in $NEXUS_CARD_CACHE or ~/.cache/nexus/cards).")
+
+
 def results_out(suite: str) -> Any:
     return typer.Option("results", "--out", help=f"Results folder (writes <out>/{suite}/).")
 

@@ -86,6 +86,7 @@ def route_command(
     as_json: bool = options.as_json(),
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
+    cards: bool = options.cards(),
 ) -> None:
     from ..routing.router import Router, RouterConfig  # lazy: `nexus --help` stays fast
 
@@ -100,7 +101,8 @@ def route_command(
         from ..serving.session import route_with_session  # lazy: only a session needs the serving engine
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker,
-                                  args_time_limit_s=args_time_limit or None, rerank_model=rerank_model)
+                                  args_time_limit_s=args_time_limit or None, rerank_model=rerank_model,
+                                  card_splice=cards)
         if as_json:
             emit_json(turn.as_json())
         else:

@@ -24,6 +24,7 @@ def serve_command(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the models."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Bit-reproducible arguments: every request prefills cold instead of reusing warm prefixes of other requests."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
+    cards: bool = options.cards(),
 ) -> None:
     """Speaks MCP on stdin/stdout; logs and errors go to stderr."""
     from ..serving import server as stage  # lazy: `nexus --help` stays fast
@@ -34,7 +35,8 @@ def serve_command(
         raise UsageError("--args-time-limit must be 0 (no limit) or a number of seconds")
     service = stage.make_service(resolve_index(index), registry, model, with_args=not no_args, threads=threads, top_k=top_k,
                                  reranker=reranker, deterministic=deterministic,
-                                 args_time_limit_s=args_time_limit or None, rerank_model=rerank_model)
+                                 args_time_limit_s=args_time_limit or None, rerank_model=rerank_model,
+                                 card_splice=cards)
     info = service.info()
     stderr_console().print(
         f"[dim]nexus serve: {info.tools} tools of {info.servers} servers · "

@@ -9,9 +9,12 @@ sessions that run multi-turn conversations on it (paper §V-B, §VI-C, §VI-D).
 A turn, under `engine.lock` (a threading.RLock held for the whole turn: routing *and* argument generation, so turns
 from many threads run one after another on the one context and give the same outputs as a serial run):
   1. route the request with the conversation as history (embedder + SLB scan + gate + reranker: routing/router.py);
-  2. build the argument prompt over the chosen tool's compressed signature (arguments/pipeline.py: system, few-shot,
-     the pruned conversation window, the signature, the request) and find, in the L0 arena, the slot sharing the
-     longest exact token prefix with it: its cells are shared into the working sequence and only the rest is decoded;
+  2. build the argument prompt over the chosen tool's compressed signature (arguments/pipeline.py: system, the pruned
+     conversation window, the signature, the request) and find, in the L0 arena, the slot sharing the longest exact
+     token prefix with it: its cells are shared into the working sequence and only the rest is decoded; with
+     `card_splice` (the default) the tool's block is not decoded but spliced from its compiled card, after the
+     conversation, with the model's calibrated repair (arguments/cards.py; the card is compiled on first use and
+     kept in the card cache);
   3. generate the arguments greedily under the tool's GBNF grammar, post-process and validate them (the arguments
      stage's own helpers); commit the sequence (prompt + generated tokens) to an arena slot, where the session's next
      turn finds it;

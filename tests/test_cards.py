@@ -274,3 +274,18 @@ def test_sessions_on_the_command_line_splice_cards_unless_told_not_to(forge_inde
     assert card["status"] == "decoded" or (card["status"] == "spliced" and card["card"] == "disk")
     off = turn(tmp_path / "b", "close issue 12 in acme/api", "--no-cards")
     assert "card" not in off["kv"] and off["arguments"] == first["arguments"]
+
+
+def test_a_card_cache_that_cannot_be_written_decodes_the_card(forge_index, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    eng = _engine(forge_index, str(blocker / "cards"))
+    plain = _engine(forge_index, None)
+    try:
+        r = eng.turn("close issue 12 in acme/api")
+        card = r.kv["card"]
+        assert card["status"] == "decoded" and "card cache" in card["reason"] and r.args_valid
+        assert r.route.arguments == plain.turn("close issue 12 in acme/api").route.arguments
+    finally:
+        eng.close()
+        plain.close()

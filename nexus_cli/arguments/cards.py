@@ -273,7 +273,13 @@ class CardSplicer:
         k = self.head_tokens(span)
         if k >= len(span.tokens):  # the repair decodes the whole card at this depth: nothing to splice
             return n_held, {"status": "decoded", "tokens": len(span.tokens), "n_past": span.head}
-        block, found = self.store.block_for(ctx, span, self.scratch_seq)
+        try:
+            block, found = self.store.block_for(ctx, span, self.scratch_seq)
+        except ModelError:
+            raise  # the context itself (full, refused): the caller's business
+        except (OSError, NexusError) as e:  # a cache that cannot be written: the card is decoded, the turn goes on
+            why = e.message if isinstance(e, NexusError) else f"card cache {self.store.root}: {e.strerror or e}"
+            return n_held, {"status": "decoded", "tokens": len(span.tokens), "n_past": span.head, "reason": why}
         if n_held > span.head:
             ctx.seq_rm(seq, span.head, -1)
             n_held = span.head

@@ -64,7 +64,8 @@ def render(doc: dict, console) -> None:
             f"{a['same_arguments']['value'] * 100:.0f} %, KL {fmt_kl(a['kl_mean'])}" for d, a in alt), highlight=False)
     tg = s["test"]["targets"]["depth_ge_512"]
     console.print(f"targets at depth >= 512 (n={tg['n']}): speedup >= 2x: {_yn(tg['speedup_ge_2x'])}; same arguments "
-                  f">= 98 %: {_yn(tg['same_arguments_ge_98pct'])}; KL <= 2x floor: {_yn(tg['kl_le_2x_floor'])}",
+                  f">= 98 %: {_yn(tg['same_arguments_ge_98pct'])}; KL <= 2x floor: {_yn(tg['kl_le_2x_floor'])}"
+                  + ("" if tg.get("spliced", True) else " (the repair decodes every card: nothing was spliced)"),
                   highlight=False)
     console.print(f"[dim]{env_line(doc)}[/]", highlight=False)
 

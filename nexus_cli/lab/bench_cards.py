@@ -347,6 +347,8 @@ def _summarize(rows: list[dict], depths: list[int], n_boot: int, seed: int) -> d
     out["targets"] = {
         "depth_ge_512": {
             "n": len(deep),
+            # with a repair of 100 % nothing is spliced: the same arguments and the KL then hold trivially
+            "spliced": any(r["head_pct"] < 100.0 for r in deep),
             "speedup_ge_2x": bool(deep) and stats.speedup_ci([r["reprefill_ms"] for r in deep],
                                                             [r["splice_ms"] for r in deep], n_boot, seed).value >= 2.0,
             "same_arguments_ge_98pct": bool(deep) and sum(r["same_arguments"] for r in deep) / len(deep) >= 0.98,

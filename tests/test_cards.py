@@ -84,7 +84,6 @@ def test_the_card_span_is_the_prompts_own_tokens(forge_index):
 def _logits_after(engine, tokens, span, use_card: bool, head_pct: float | None = None, cells: bool = False):
     """The next-token logits after the whole prompt, decoded in full or with the card spliced (with the splicer's
     repair, or `head_pct` of the card decoded); with cells=True also the K/V cells of the card's positions."""
-    from nexus_cli.arguments.cards import CardRepair
     from nexus_cli.splice.compile import extract_cells
 
     ctx = engine.context()
@@ -92,14 +91,7 @@ def _logits_after(engine, tokens, span, use_card: bool, head_pct: float | None =
     ctx.seq_rm(seq, -1, -1)
     start = 0
     if use_card:
-        splicer = engine.card_splicer()
-        kept = splicer.repair
-        if head_pct is not None:
-            splicer.repair = CardRepair(((None, head_pct),))
-        try:
-            start, report = splicer.prepare(tokens, span, 0)
-        finally:
-            splicer.repair = kept
+        start, report = engine.card_splicer().prepare(tokens, span, 0, head_pct)
         assert report["status"] == "spliced"
     kv = extract_cells(ctx, seq, span.head, span.end) if cells and use_card else None
     ctx.decode(tokens[start:], start, seq)

@@ -257,20 +257,23 @@ class CardSplicer:
         self.engine = SpliceEngine(ctx, live_seq=work_seq, scratch_seq=scratch_seq)
         self.spliced = 0
 
-    def head_tokens(self, span: CardSpan) -> int:
+    def head_tokens(self, span: CardSpan, head_pct: float | None = None) -> int:
         """How many of the card's first tokens are decoded after the conversation: none where the card follows the
-        anchor (it lands where it was compiled, after the same tokens), else the repair's share at its depth."""
+        anchor (it lands where it was compiled, after the same tokens), else the repair's share at its depth (or
+        `head_pct`, a share given by the caller)."""
         if span.head == len(span.anchor):
             return 0
-        return recompute_tokens(len(span.tokens), self.repair.head_pct(span.head))
+        pct = self.repair.head_pct(span.head) if head_pct is None else float(head_pct)
+        return recompute_tokens(len(span.tokens), pct)
 
-    def prepare(self, tokens: Sequence[int], span: CardSpan, n_held: int) -> tuple[int, dict]:
+    def prepare(self, tokens: Sequence[int], span: CardSpan, n_held: int,
+                head_pct: float | None = None) -> tuple[int, dict]:
         """Make the working sequence, which holds tokens[:n_held], hold the prompt up to its card's end minus the
         repair. Returns (the position decoding starts from, a report for the turn)."""
         ctx, seq = self.ctx, self.work_seq
         if n_held >= span.end:
             return n_held, {"status": "reused", "tokens": len(span.tokens)}  # the slot already holds this card
-        k = self.head_tokens(span)
+        k = self.head_tokens(span, head_pct)
         if k >= len(span.tokens):  # the repair decodes the whole card at this depth: nothing to splice
             return n_held, {"status": "decoded", "tokens": len(span.tokens), "n_past": span.head}
         try:

@@ -112,15 +112,16 @@ class _Held:
     """An argument call's prompt cache for the benchmark: the work sequence holds the conversation [0, n) already
     (a session's live KV), and, with a CardSplicer, the card is spliced after it."""
 
-    def __init__(self, n: int, cards: CardSplicer | None):
+    def __init__(self, n: int, cards: CardSplicer | None, head_pct: float | None = None):
         self.n = n
         self.cards = cards
+        self.head_pct = head_pct  # None: the splicer's repair
         self.prefixes = None
         self.report = None
 
     def start(self, ctx, tokens, n_tool_prefix, seq_id, card=None):
         if card is not None and self.cards is not None:
-            start, self.report = self.cards.prepare(tokens, card, self.n)
+            start, self.report = self.cards.prepare(tokens, card, self.n, self.head_pct)
             return start
         return self.n
 
@@ -142,17 +143,10 @@ def _reprefill(ctx, tokens, head: int) -> tuple[np.ndarray, float]:
 
 def _spliced(ctx, splicer: CardSplicer, tokens, span, head_pct: float | None = None) -> tuple[np.ndarray, float]:
     ctx.seq_rm(WORK, span.head, -1)
-    kept = splicer.repair
-    if head_pct is not None:
-        splicer.repair = CardRepair(((None, head_pct),))
-    try:
-        t0 = time.perf_counter()
-        start, _ = splicer.prepare(tokens, span, span.head)
-        logits = _tail(ctx, tokens, start)
-        ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        splicer.repair = kept
-    return logits, ms
+    t0 = time.perf_counter()
+    start, _ = splicer.prepare(tokens, span, span.head, head_pct)
+    logits = _tail(ctx, tokens, start)
+    return logits, (time.perf_counter() - t0) * 1e3
 
 
 def _tail_repaired(ctx, splicer: CardSplicer, tokens, span, pct: float) -> np.ndarray:
@@ -297,14 +291,8 @@ def _measure(ctx, llm, splicer, cases, depths, spec_of, calibrate: bool, progres
                 for name, cards, pct in (("reprefill", None, None), ("splice", splicer, None),
                                          ("alt", splicer, ALT_HEAD)):
                     ctx.seq_rm(WORK, span.head, -1)
-                    kept = splicer.repair
-                    if pct is not None:
-                        splicer.repair = CardRepair(((None, pct),))
-                    try:
-                        a = generate_arguments(ctx, spec, case["query"], history, seq_id=WORK,
-                                               cache=_Held(span.head, cards), window_size=size)
-                    finally:
-                        splicer.repair = kept
+                    a = generate_arguments(ctx, spec, case["query"], history, seq_id=WORK,
+                                           cache=_Held(span.head, cards, pct), window_size=size)
                     args[name] = {"arguments": a.arguments, "valid": a.valid}
                 row["arguments"] = args
                 row["same_arguments"] = args["reprefill"] == args["splice"]

@@ -188,8 +188,6 @@ class SpliceEngine:
             raise UsageError(f"n_past must be >= 0, not {n_past}")
         if n_past + S + len(then) > ctx.n_ctx:
             raise ModelError(f"context too small: {n_past} + {S} block + {len(then)} tokens > n_ctx {ctx.n_ctx}")
-        if ctx.seq_pos_max(self.live) != n_past - 1:
-            raise ModelError(f"live sequence ends at position {ctx.seq_pos_max(self.live)}, not at n_past - 1 = {n_past - 1}")
         placed = self.place(block, n_past, pct)
         r = placed.recomputed_tokens
         t2 = time.perf_counter()

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config import models_dir
+from ..config import DEFAULT_WORKED_EXAMPLES, models_dir
 from ..files import atomic_write_json
 
 EXAMPLES_REVISION = 1  # bump when the derivation or the kept-example rule changes
-WORKED_EXAMPLES = 2
+WORKED_EXAMPLES = DEFAULT_WORKED_EXAMPLES
 MAX_TRIED = 4
+DERIVE_TIME_LIMIT_S = 10.0  # one example's generation (a tool's derivation is bounded by MAX_TRIED of these)
 EXAMPLE_VALUE_CHARS = 80  # a longer string value is cut in the card (the call still shows its shape)
 
 
@@ -109,7 +110,9 @@ class WorkedExamples:
         self.derived = self.cached = 0
         self._memory: dict[str, list[WorkedExample]] = {}
 
-    def for_tool(self, ctx: Any, spec: Any, requests: Sequence[str]) -> list[WorkedExample]:
+    def for_tool(self, ctx: Any, spec: Any, requests: Sequence[str], seq_id: int = 0) -> list[WorkedExample]:
+        """The tool's worked examples: from memory, the cache folder, or derived now on `seq_id` of `ctx` (a sequence
+        the caller lends; it is left holding the last derivation's prompt)."""
         requests = [str(r) for r in requests if str(r).strip()][: self.tried]
         if not requests or self.n <= 0:
             return []
@@ -120,7 +123,7 @@ class WorkedExamples:
         path = self.root / ctx.identity.fingerprint / f"{digest}.json"  # a LlamaModel or a LlamaContext
         examples = _read(path, spec.key) if path.is_file() else None
         if examples is None:
-            examples = derive_examples(ctx, spec, requests, self.n)
+            examples = derive_examples(ctx, spec, requests, self.n, seq_id)
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_json(path, {"tool": spec.key, "revision": EXAMPLES_REVISION,
@@ -135,7 +138,8 @@ class WorkedExamples:
         return examples
 
 
-def derive_examples(ctx: Any, spec: Any, requests: Sequence[str], n: int = WORKED_EXAMPLES) -> list[WorkedExample]:
+def derive_examples(ctx: Any, spec: Any, requests: Sequence[str], n: int = WORKED_EXAMPLES,
+                    seq_id: int = 0) -> list[WorkedExample]:
     """The first `n` of `requests` whose arguments (the plain prompt, no examples) pass `keep_example`."""
     from .pipeline import generate_arguments  # the pipeline imports this module for the prompt
 
@@ -143,7 +147,7 @@ def derive_examples(ctx: Any, spec: Any, requests: Sequence[str], n: int = WORKE
     for request in requests:
         if len(kept) >= n:
             break
-        res = generate_arguments(ctx, spec, request)
+        res = generate_arguments(ctx, spec, request, seq_id=seq_id, time_limit_s=DERIVE_TIME_LIMIT_S)
         if keep_example(request, res.arguments, res.valid):
             kept.append(WorkedExample(request, dict(res.arguments)))
     return kept

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
+from ..errors import UsageError
 from . import options
 from ._progress import stage_progress
 from ._report import env_line, finish, fmt_ci, fmt_pct, fmt_speedup
 
 
 def command(
-    cases: Optional[str] = typer.Option(None, "--cases", help="Cases JSONL (default benchmarks/queries/args_cases.jsonl)."),
+    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: the blind sets benchmarks/queries/args_cases_{e,f,g,h,i}.jsonl)."),
+    examples: Optional[str] = typer.Option(None, "--examples", help="Example requests the index is built with (default: tool_registries/examples/shared_registries.jsonl)."),
+    no_examples: bool = typer.Option(False, "--no-examples", help="Route over an index built without example requests (and so show no worked examples)."),
+    worked_examples: Optional[int] = typer.Option(None, "--worked-examples", min=0, help="Worked example calls in the routed tool's card (default: the product's, 2; 0: none)."),
     registry_dir: Optional[str] = options.registry_dir(),
     model: Optional[str] = options.model(),
     embedder: Optional[str] = options.embedder(),
@@ -27,11 +31,14 @@ def command(
 ) -> None:
     from ..lab import bench_args as stage  # lazy: `nexus --help` stays fast
 
-    s = options.settings(dict(model=model, embedder=embedder, trials=trials, max_cases=max_cases), stage.DEFAULTS,
-                         quick, stage.QUICK)
+    s = options.settings(dict(model=model, embedder=embedder, trials=trials, max_cases=max_cases,
+                              worked_examples=worked_examples), stage.DEFAULTS, quick, stage.QUICK)
+    if no_examples and examples:
+        raise UsageError("give --examples FILE or --no-examples, not both")
     with stage_progress("args") as prog:
-        doc = stage.run(cases=cases, registry_dir=registry_dir, reranker=reranker, pool=pool, seed=seed, out_dir=out,
-                        quick=quick, progress=prog, **s)
+        doc = stage.run(cases=cases or None, registry_dir=registry_dir, reranker=reranker, pool=pool, seed=seed,
+                        out_dir=out, quick=quick, progress=prog,
+                        examples=None if no_examples else (examples or stage.DEFAULT_EXAMPLES), **s)
     finish(doc, as_json, render)
 
 
@@ -66,6 +73,14 @@ def render(doc: dict, console) -> None:
         t.add_row("main-context token saving per turn %", f"{fa['token_saving_turn'] * 100:.1f}", str(fa["n_cases"]), "≈80")
         t.add_row("tool-text token saving %", f"{fa['token_saving_tool_text'] * 100:.1f}", str(fa["n_cases"]), "—")
     console.print(t)
+    by_file = s.get("by_file") or {}
+    if len(by_file) > 1:
+        f = Table(title="per case file", title_justify="left")
+        for col in ("cases", "file", "routing %", "specified arguments % (routed)"):
+            f.add_column(col, justify="left" if col == "file" else "right")
+        for name, row in by_file.items():
+            f.add_row(str(row["cases"]), name, fmt_pct(row["routing"]), fmt_pct(row["specified_args"]))
+        console.print(f)
     if "target_first_arg_ge_3x_at_ge_90pct_saving" in s:
         console.print(f"target first-arg >= 3x at >= 90 % saving: {'met' if s['target_first_arg_ge_3x_at_ge_90pct_saving'] else 'NOT met'}",
                       highlight=False)

@@ -2,10 +2,14 @@
 compressed signature, compare with the gold arguments; time the first argument token of the signature path against
 re-prefilling the full schema.
 
-Routing: the Router over the ALL pool as `nexus route` runs it by default (the likelihood reranker on escalation, see
-docs/routing.md; `--reranker none` for the retriever alone). A case routes correctly
-when (server, tool) is its gold tool or an acceptable alternative.
-Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained). Each gold
+Cases: the blind sets (BLIND_CASES, written before any measurement on them) unless --cases names others; the summary
+also splits the argument figures per case file.
+Routing: the Router over the ALL pool as `nexus route` runs it by default (the shipped router embedder, the
+likelihood reranker on escalation, see docs/routing.md; `--reranker none` for the retriever alone), over an index
+built with the shipped example requests (`nexus index --examples`; `examples=None` for an index without). A case
+routes correctly when (server, tool) is its gold tool or an acceptable alternative.
+Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained), with the
+tool's worked example calls as the router shows them (arguments/examples.py; `worked_examples=0` for none). Each gold
 argument is "specified"; it is correct when the generated value equals the gold value (numbers numerically,
 strings after trimming, lists and objects element-wise). A case routed to an acceptable alternative (the same tool of
 another server generation) is scored under that tool's parameter names (`pullNumber` is its `pull_number`); a gold
@@ -28,13 +32,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from ..adapters.embedder import Embedder
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments.pipeline import build_messages, common_prefix, generate_arguments
-from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
+from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, DEFAULT_WORKED_EXAMPLES, REPO_ROOT
+from ..registry import load_example_requests
 from ..routing.router import Router, RouterConfig
 from ..schema import compile_tool
 from ..splice.render import render_schema
@@ -44,8 +50,11 @@ from .common import NULL_PROGRESS, Progress, registry_dir_default
 from .results import Run, model_identity
 
 SUITE = "args"
-DEFAULT_CASES = REPO_ROOT / "benchmarks" / "queries" / "args_cases.jsonl"
-DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None)
+QUERIES = REPO_ROOT / "benchmarks" / "queries"
+BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "efghi")  # never tuned on
+DEFAULT_EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
+DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None,
+                worked_examples=DEFAULT_WORKED_EXAMPLES)
 QUICK = dict(max_cases=6, trials=1)
 PAPER = {"routing": 0.867, "specified": 1.0, "end_to_end": 0.80, "json_validity": 1.0, "sig_median": 19, "sig_p99": 32,
          "first_arg_ms_sig": 443.8, "first_arg_ms_full": 737.3, "speedup": 1.66, "token_saving": 0.80, "cases": 30}
@@ -123,7 +132,7 @@ def first_token_ms(ctx, tokens: list[int], grammar: str, cached: int) -> float:
 
 
 def run(
-    cases: str | None = None,
+    cases: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     registry_dir: str | None = None,
     model: str = DEFAULT_LLM,
     embedder: str = DEFAULT_EMBEDDER,
@@ -131,6 +140,8 @@ def run(
     max_cases: int | None = None,
     reranker: str = "likelihood",
     pool: str = "all",
+    examples: str | os.PathLike | None = DEFAULT_EXAMPLES,
+    worked_examples: int = DEFAULT_WORKED_EXAMPLES,
     seed: int = 0,
     n_boot: int = 2000,
     out_dir: str = "results",
@@ -139,23 +150,34 @@ def run(
     write: bool = True,
 ) -> dict:
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
-    cpath = Path(cases) if cases else DEFAULT_CASES
-    cs = load_queries(cpath, max_cases)
+    if cases is None:
+        paths = list(BLIND_CASES)
+    elif isinstance(cases, (str, os.PathLike)):
+        paths = [Path(p) for p in str(cases).split(",")]
+    else:
+        paths = [Path(p) for p in cases]
+    cs = [dict(c, _file=p.name) for p in paths for c in load_queries(p)]
+    cs = cs[:max_cases] if max_cases else cs
     if pool == "cases":  # smoke tests: a registry of the cases' own gold (and acceptable) tools only
         wanted = set().union(*(gold_keys(c) for c in cs))
         tools = [t for t in pool_tools(reg_dir) if t.key in wanted]
     else:
         tools = pool_tools(reg_dir, pool)
     by_key = {t.key: t for t in tools}
-    params = dict(cases=os.path.relpath(cpath, REPO_ROOT), n_cases=len(cs), registry_dir=os.path.relpath(reg_dir, REPO_ROOT),
+    example_requests = load_example_requests([examples]) if examples else None
+    params = dict(cases=[os.path.relpath(p, REPO_ROOT) for p in paths], n_cases=len(cs),
+                  examples=os.path.relpath(examples, REPO_ROOT) if examples else None,
+                  worked_examples=worked_examples, registry_dir=os.path.relpath(reg_dir, REPO_ROOT),
                   pool=pool, pool_tools=len(tools), model=model, reranker=reranker, embedder=embedder, trials=trials,
                   n_boot=n_boot, quick=quick,
                   latency="time to the first sampled argument token, prompt prefill included; steady state = common "
                           "prompt prefix cached, cold = empty cache")
     run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model), "embedder": model_identity(embedder, kind="embedder")})
     emb = Embedder(embedder)
-    ipath = _index_for(tools, emb)
-    router = Router(ipath, RouterConfig(reranker=reranker, model=model), embedder=emb)
+    ipath = _index_for(tools, emb, examples=example_requests)
+    router = Router(ipath, RouterConfig(reranker=reranker, model=model, worked_examples=worked_examples),
+                    embedder=emb)
+    entries = {t.key: t for t in router.index.tools}
     llm = load_model(model)
     ctx = LlamaContext(llm, n_ctx=8192, n_batch=512, n_seq_max=1)
     progress.set_total(len(cs))
@@ -168,14 +190,17 @@ def run(
             r = router.route(c["query"], c.get("history"), with_args=False)
             choice = f"{r.server}/{r.tool}"
             routed = choice in gold
-            rec = {"id": c.get("id"), "gold": f"{c['server']}/{c['tool']}", "choice": choice, "routed": routed,
-                   "gold_args": c.get("arguments") or {}}
+            rec = {"id": c.get("id"), "file": c["_file"], "gold": f"{c['server']}/{c['tool']}", "choice": choice,
+                   "routed": routed, "gold_args": c.get("arguments") or {}}
             if routed:
                 tool = by_key[choice]
                 spec = compile_tool(tool)
                 try:
                     ctx.clear()  # the latency loop below leaves other prompts in the cache: never reuse them
-                    res = generate_arguments(ctx, spec, c["query"], c.get("history"))
+                    shown = router.worked_examples_for(entries[choice], ctx) if choice in entries else []
+                    ctx.clear()
+                    res = generate_arguments(ctx, spec, c["query"], c.get("history"), examples=shown)
+                    rec["worked_examples"] = len(shown)
                     raw_ok = True
                     try:
                         raw_ok = isinstance(json.loads(res.raw), dict)
@@ -241,6 +266,14 @@ def run(
         "signature_tokens": {"median": float(np.median(sig_lens)), "p99": stats.percentile(sig_lens, 99),
                              "n_tools": len(sig_lens)},
         "paper": PAPER,
+        "by_file": {f: {"cases": sum(1 for p in per_case if p["file"] == f),
+                        "routing": stats.wilson(sum(1 for p in routed if p["file"] == f),
+                                                sum(1 for p in per_case if p["file"] == f)),
+                        "specified_args": stats.wilson(sum(sum(p["arg_correct"].values()) for p in routed
+                                                           if p["file"] == f),
+                                                       sum(len(p["arg_correct"]) for p in routed if p["file"] == f))}
+                    for f in sorted({p["file"] for p in per_case})},
+        "cases_with_worked_examples": sum(1 for p in routed if p.get("worked_examples")),
     }
     if lat["sig_warm"]:
         summary["first_arg"] = {

@@ -51,7 +51,7 @@ from .results import Run, model_identity
 
 SUITE = "args"
 QUERIES = REPO_ROOT / "benchmarks" / "queries"
-BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "efghi")  # never tuned on
+BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "ghi")  # blind: written before any measurement, never tuned on
 DEFAULT_EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
 DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None,
                 worked_examples=DEFAULT_WORKED_EXAMPLES)

@@ -60,10 +60,6 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cases", type=int, default=None)
     ap.add_argument("--no-post", action="store_true", help="keep optional fields the context does not support")
     ap.add_argument("--no-descriptions", action="store_true", help="bare one-line signature in the prompt")
-    ap.add_argument("--worked-examples", type=int, default=0,
-                    help="show up to N worked example calls in the tool's card (arguments/examples.py), derived from "
-                         "--examples-file by the same model and cached")
-    ap.add_argument("--examples-file", default=str(ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"))
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -76,12 +72,6 @@ def main(argv=None) -> int:
     if a.max_cases:
         cases = cases[: a.max_cases]
     model = load_model(a.model)
-    worked = None
-    if a.worked_examples > 0:
-        from nexus_cli.arguments.examples import WorkedExamples
-        from nexus_cli.registry import load_example_requests
-        example_requests = load_example_requests([a.examples_file])
-        worked = WorkedExamples(n=a.worked_examples)
     # flash attention, as the Router's context (routing/router.py) runs the arguments stage
     ctx = LlamaContext(model, n_ctx=4096, n_seq_max=1, n_threads=a.threads, flash_attn=True)
 
@@ -102,9 +92,8 @@ def main(argv=None) -> int:
             print(f"skip {c['id']}: {key} not in the registry", file=sys.stderr)
             continue
         spec = compile_tool(tool)
-        examples = worked.for_tool(ctx, spec, example_requests.get(key, [])) if worked else []
         res = generate_arguments(ctx, spec, c["query"], c.get("history"), descriptions=not a.no_descriptions,
-                                 post_process=not a.no_post, examples=examples)
+                                 post_process=not a.no_post)
         try:
             json.loads(res.raw)
             json_ok += 1
@@ -125,7 +114,7 @@ def main(argv=None) -> int:
         ptoks.append(res.prompt_tokens)
         rec = {"id": c["id"], "tool": key, "right": right, "args": res.arguments, "gold": gold, "extra": extra,
                "dropped": res.dropped, "valid": res.valid, "errors": res.errors, "ms": res.timings_ms,
-               "history": bool(c.get("history")), "worked_examples": len(examples)}
+               "history": bool(c.get("history"))}
         per_case.append(rec)
         if a.verbose:
             mark = "ok " if all(right.values()) else "BAD"
@@ -136,10 +125,7 @@ def main(argv=None) -> int:
     report = {
         "suite": "args_eval (gold tool given)",
         "cases_file": " ".join(a.cases), "cases": n, "model": a.model, "threads": ctx.n_threads,
-        "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions,
-                   "worked_examples": a.worked_examples,
-                   "examples_file": a.examples_file if a.worked_examples > 0 else None},
-        "cases_with_worked_examples": sum(p["worked_examples"] > 0 for p in per_case),
+        "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions},
         "specified_args": spec_total, "specified_right": spec_ok,
         "specified_accuracy": round(spec_ok / spec_total, 4) if spec_total else None,
         "cases_all_right": sum(all(p["right"].values()) for p in per_case),

@@ -1,7 +1,8 @@
 """The router embedder Nexus ships: trained on the example requests of the train servers of a leave-servers-out split
 (benchmarks/server_splits.json), so the dev and test servers are tools it has never seen.
 
-    python benchmarks/router_embedder.py train  [--out .nexus/router-train] [--epochs 1] [--budget 1500]
+    python benchmarks/router_embedder.py train  [--out .nexus/router-train] [--epochs 1] [--rounds 1]
+        [--example-positives] [--budget 1500]
     python benchmarks/router_embedder.py export .nexus/router-train/embedder models/router-embedder \
         [--figures results/routing-lso/FILE.json ...]
 
@@ -43,12 +44,14 @@ def split_tools(part: str, registries: Path = REGISTRIES):
     return [t for t in load_registries([registries]) if t.server in servers]
 
 
-def train(out: Path, epochs: int, budget: float) -> dict:
+def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
+          example_positives: bool = RECIPE["example_positives"]) -> dict:
     from nexus_cli.routing.build import build_index
 
     tools = split_tools("train")
     examples = load_example_requests([EXAMPLES])
-    recipe = {**RECIPE, "epochs": epochs, "time_budget_s": budget}
+    recipe = {**RECIPE, "epochs": epochs, "rounds": rounds, "example_positives": example_positives,
+              "time_budget_s": budget}
     t0 = time.time()
     last = [0.0]
 
@@ -148,14 +151,18 @@ def main(argv=None) -> int:
     t = sub.add_parser("train")
     t.add_argument("--out", default=str(ROOT / ".nexus" / "router-train"))
     t.add_argument("--epochs", type=int, default=RECIPE["epochs"])
-    t.add_argument("--budget", type=float, default=RECIPE["time_budget_s"])
+    t.add_argument("--rounds", type=int, choices=(1, 2), default=RECIPE["rounds"],
+                   help="2: a second pass whose hard negatives the first round's model mines (routing/finetune.py)")
+    t.add_argument("--example-positives", action="store_true", default=RECIPE["example_positives"],
+                   help="also pair each request with another example request of its tool")
+    t.add_argument("--budget", type=float, default=RECIPE["time_budget_s"], help="seconds for all rounds together")
     e = sub.add_parser("export")
     e.add_argument("src")
     e.add_argument("dst")
     e.add_argument("--figures", nargs="*", default=[], help="nexus bench routing-lso results files for the card")
     a = ap.parse_args(argv)
     if a.cmd == "train":
-        print(json.dumps(train(Path(a.out), a.epochs, a.budget), indent=1))
+        print(json.dumps(train(Path(a.out), a.epochs, a.budget, a.rounds, a.example_positives), indent=1))
     else:
         print(json.dumps(export(Path(a.src), Path(a.dst), [Path(f) for f in a.figures]), indent=1))
     return 0

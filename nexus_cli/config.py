@@ -117,7 +117,6 @@ MODEL_ALIASES = {
 }
 
 DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
-DEFAULT_WORKED_EXAMPLES = 2  # worked example calls in a tool's card (arguments/examples.py); 0: none
 DEFAULT_ARGS_TIME_LIMIT_S = 30.0  # one argument generation, retries and second passes included (arguments.pipeline)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
 SYNTHESIS_MODEL = "qwen2.5-1.5b"  # writes example requests (`nexus index --synthesize`)

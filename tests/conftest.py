@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The likelihood reranker's prefix store (rerank.PrefixStore) and the synthesized requests' cache go to directories
 # of this test session, not the user's ~/.cache; the commands the tests start inherit them.
 for _var, _prefix in (("NEXUS_PREFIX_CACHE", "nexus-test-prefixes-"), ("NEXUS_REQUESTS_CACHE", "nexus-test-requests-"),
-                      ("NEXUS_CARD_CACHE", "nexus-test-cards-"), ("NEXUS_WORKED_CACHE", "nexus-test-worked-")):
+                      ("NEXUS_CARD_CACHE", "nexus-test-cards-")):
     if _var not in os.environ:
         import atexit
         import shutil

@@ -120,9 +120,9 @@ def test_args_smoke(tmp_path):
                 "--trials", "1", "--out", str(tmp_path))
     s = doc["summary"]
     assert doc["suite"] == "args" and s["routing"]["n"] == 2
-    # by default: the blind sets, an index with the shipped example requests, the product's worked examples
+    # by default: the blind sets, an index with the shipped example requests
     assert doc["params"]["cases"][0] == "benchmarks/queries/args_cases_g.jsonl"
-    assert doc["params"]["examples"].endswith("shared_registries.jsonl") and doc["params"]["worked_examples"] == 2
+    assert doc["params"]["examples"].endswith("shared_registries.jsonl")
     assert list(s["by_file"]) == ["args_cases_g.jsonl"] and s["by_file"]["args_cases_g.jsonl"]["cases"] == 2
     assert s["signature_tokens"]["median"] > 0
     if s["routing"]["value"] > 0:

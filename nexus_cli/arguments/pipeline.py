@@ -39,7 +39,6 @@ from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
 from .cards import CardSpan, card_span
-from .examples import WorkedExample
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
 from .prompt import build_messages, source_text, tool_block
 from .repairs import (
@@ -271,8 +270,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       window_size: tuple[int, int] | None = None,
-                       examples: Sequence[WorkedExample] = ()) -> ArgsResult:
+                       window_size: tuple[int, int] | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -280,8 +278,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     keep it there when it has to be decoded (ArgumentPrefixes). cache: where the prompt's cells come from
     (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's). time_limit_s: the bound on
     the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
-    (prompt.build_messages; the default is the product's). examples: the tool's worked example calls, shown in its
-    block (arguments/examples.py).
+    (prompt.build_messages; the default is the product's).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -292,17 +289,15 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     first_deadline = t_start + time_limit_s * FIRST_ANSWER_SHARE if time_limit_s else None
     ctx = _context_for(llm)
     cache = cache or PromptCache(prefixes)
-    messages, window = build_messages(spec, query, history, descriptions=descriptions, window_size=window_size,
-                                      examples=examples)
-    block = tool_block(spec, descriptions, examples)
+    messages, window = build_messages(spec, query, history, descriptions=descriptions, window_size=window_size)
     tokens = ctx.model.chat_tokens(messages)
     if len(tokens) + max_tokens > ctx.n_ctx:
         raise NexusError(f"argument prompt needs {len(tokens) + max_tokens} cells, the context has {ctx.n_ctx}",
                          hint="shorten the history window or use a larger context")
-    n_tool_prefix = tool_prefix_tokens(ctx.model, messages, block, tokens) \
+    n_tool_prefix = tool_prefix_tokens(ctx.model, messages, tool_block(spec, descriptions), tokens) \
         if getattr(cache, "prefixes", None) is not None else 0
     # with compiled cards (the serving engine's cache has a CardSplicer) the tool block is spliced, not decoded
-    card = card_span(ctx.model, messages, block, tokens) \
+    card = card_span(ctx.model, messages, tool_block(spec, descriptions), tokens) \
         if getattr(cache, "cards", None) is not None else None
     start = cache.start(ctx, tokens, n_tool_prefix, seq_id, card=card)
     # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)

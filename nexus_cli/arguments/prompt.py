@@ -10,7 +10,6 @@ import json
 from typing import Any, Sequence
 
 from ..schema import ToolSpec, signature_of
-from .examples import WorkedExample, examples_text
 
 HISTORY_TURNS = 6  # most recent messages kept
 HISTORY_BUDGET_CHARS = 1200  # whole window
@@ -163,31 +162,27 @@ def prune_history(history: Sequence[Any] | None, max_turns: int = HISTORY_TURNS,
     return msgs
 
 
-def tool_block(spec: ToolSpec, descriptions: bool = True, examples: Sequence[WorkedExample] = ()) -> str:
-    """The prompt's `Tool:` block (the tool's card): the multi-line signature with short descriptions (or the bare
-    one-line form), then its worked example calls when there are any (arguments/examples.py)."""
+def tool_block(spec: ToolSpec, descriptions: bool = True) -> str:
+    """The prompt's `Tool:` block: the multi-line signature with short descriptions (or the bare one-line form)."""
     if descriptions:
         sig = signature_of(spec.name, spec.schema, descriptions=True, budget_chars=SIGNATURE_BUDGET_CHARS,
                            multiline=True)
     else:
         sig = spec.signature
-    worked = examples_text(examples)
-    return f"Tool:\n{sig}" + (f"\n{worked}" if worked else "")
+    return f"Tool:\n{sig}"
 
 
 def build_messages(spec: ToolSpec, query: str, history: Sequence[Any] | None = None, descriptions: bool = True,
-                   window_size: tuple[int, int] | None = None, examples: Sequence[WorkedExample] = ()
-                   ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+                   window_size: tuple[int, int] | None = None) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(chat messages, pruned history window). The user turn is the window, the tool's block, then the request.
     (The tool's block first would make the prompt up to its end the same for every call of the tool, history or
     not; on the development sets it lost 3 values in 70 cases, so the order stays: tool_prefix_tokens.)
-    window_size: (messages, characters) of the window instead of (HISTORY_TURNS, HISTORY_BUDGET_CHARS).
-    examples: the tool's worked example calls, shown in its block."""
+    window_size: (messages, characters) of the window instead of (HISTORY_TURNS, HISTORY_BUDGET_CHARS)."""
     window = prune_history(history, *window_size) if window_size else prune_history(history)
     parts = []
     if window:
         parts.append("Conversation so far:\n" + "\n".join(f"{m['role']}: {m['content']}" for m in window))
-    parts.append(tool_block(spec, descriptions, examples))
+    parts.append(tool_block(spec, descriptions))
     parts.append(f"Request: {' '.join(str(query).split())}")
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
     return messages, window

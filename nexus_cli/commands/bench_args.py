@@ -15,8 +15,7 @@ from ._report import env_line, finish, fmt_ci, fmt_pct, fmt_speedup
 def command(
     cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: the blind sets benchmarks/queries/args_cases_{g,h,i}.jsonl)."),
     examples: Optional[str] = typer.Option(None, "--examples", help="Example requests the index is built with (default: tool_registries/examples/shared_registries.jsonl)."),
-    no_examples: bool = typer.Option(False, "--no-examples", help="Route over an index built without example requests (and so show no worked examples)."),
-    worked_examples: Optional[int] = typer.Option(None, "--worked-examples", min=0, help="Worked example calls in the routed tool's card (default: the product's, 2; 0: none)."),
+    no_examples: bool = typer.Option(False, "--no-examples", help="Route over an index built without example requests."),
     registry_dir: Optional[str] = options.registry_dir(),
     model: Optional[str] = options.model(),
     embedder: Optional[str] = options.embedder(),
@@ -31,8 +30,8 @@ def command(
 ) -> None:
     from ..lab import bench_args as stage  # lazy: `nexus --help` stays fast
 
-    s = options.settings(dict(model=model, embedder=embedder, trials=trials, max_cases=max_cases,
-                              worked_examples=worked_examples), stage.DEFAULTS, quick, stage.QUICK)
+    s = options.settings(dict(model=model, embedder=embedder, trials=trials, max_cases=max_cases), stage.DEFAULTS,
+                         quick, stage.QUICK)
     if no_examples and examples:
         raise UsageError("give --examples FILE or --no-examples, not both")
     with stage_progress("args") as prog:

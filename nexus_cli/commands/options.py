@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..config import DEFAULT_LLM, DEFAULT_WORKED_EXAMPLES
+from ..config import DEFAULT_LLM
 
 
 def model(help: str = f"LLM: smollm2-135m, qwen2.5-0.5b or a .gguf path (default {DEFAULT_LLM}).") -> Any:
@@ -43,10 +43,6 @@ def rerank_model() -> Any:
 
 def cards() -> Any:
     return typer.Option(True, "--cards/--no-cards", help="Sessions and serve: splice the chosen tool's compiled card after the conversation instead of decoding it (kept in $NEXUS_CARD_CACHE or ~/.cache/nexus/cards).")
-
-
-def worked_examples() -> Any:
-    return typer.Option(DEFAULT_WORKED_EXAMPLES, "--worked-examples", min=0, help="Worked example calls shown in the chosen tool's card, derived once per model and tool from the index's example requests and cached (0: none).")
 
 
 def results_out(suite: str) -> Any:

@@ -87,7 +87,6 @@ def route_command(
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
     cards: bool = options.cards(),
-    worked_examples: int = options.worked_examples(),
 ) -> None:
     from ..routing.router import Router, RouterConfig  # lazy: `nexus --help` stays fast
 
@@ -103,7 +102,7 @@ def route_command(
 
         turn = route_with_session(session, query, index, registry, model, no_args, top_k, reranker,
                                   args_time_limit_s=args_time_limit or None, rerank_model=rerank_model,
-                                  card_splice=cards, worked_examples=worked_examples)
+                                  card_splice=cards)
         if as_json:
             emit_json(turn.as_json())
         else:
@@ -124,8 +123,7 @@ def route_command(
     items = _read_batch(batch) if batch else None
     router = Router(index, RouterConfig(top_k=top_k, reranker=reranker, model=model, rerank_k=rerank_k,
                                         rerank_model=rerank_model, args_time_limit_s=args_time_limit or None,
-                                        warm=items is not None,  # one request: load only what it needs
-                                        worked_examples=worked_examples),
+                                        warm=items is not None),  # one request: load only what it needs
                     registry=registry)
     if items is not None:
         for n, item in enumerate(items, 1):

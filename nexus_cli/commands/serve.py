@@ -25,7 +25,6 @@ def serve_command(
     deterministic: bool = typer.Option(False, "--deterministic", help="Bit-reproducible arguments: every request prefills cold instead of reusing warm prefixes of other requests."),
     args_time_limit: float = typer.Option(DEFAULT_ARGS_TIME_LIMIT_S, "--args-time-limit", help="Seconds one request's argument generation may take, retries included (0: no limit)."),
     cards: bool = options.cards(),
-    worked_examples: int = options.worked_examples(),
 ) -> None:
     """Speaks MCP on stdin/stdout; logs and errors go to stderr."""
     from ..serving import server as stage  # lazy: `nexus --help` stays fast
@@ -37,7 +36,7 @@ def serve_command(
     service = stage.make_service(resolve_index(index), registry, model, with_args=not no_args, threads=threads, top_k=top_k,
                                  reranker=reranker, deterministic=deterministic,
                                  args_time_limit_s=args_time_limit or None, rerank_model=rerank_model,
-                                 card_splice=cards, worked_examples=worked_examples)
+                                 card_splice=cards)
     info = service.info()
     stderr_console().print(
         f"[dim]nexus serve: {info.tools} tools of {info.servers} servers · "

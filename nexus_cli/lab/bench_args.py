@@ -8,8 +8,7 @@ Routing: the Router over the ALL pool as `nexus route` runs it by default (the s
 likelihood reranker on escalation, see docs/routing.md; `--reranker none` for the retriever alone), over an index
 built with the shipped example requests (`nexus index --examples`; `examples=None` for an index without). A case
 routes correctly when (server, tool) is its gold tool or an acceptable alternative.
-Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained), with the
-tool's worked example calls as the router shows them (arguments/examples.py; `worked_examples=0` for none). Each gold
+Arguments (routed cases): `arguments.generate_arguments` on the routed tool (greedy, grammar-constrained). Each gold
 argument is "specified"; it is correct when the generated value equals the gold value (numbers numerically,
 strings after trimming, lists and objects element-wise). A case routed to an acceptable alternative (the same tool of
 another server generation) is scored under that tool's parameter names (`pullNumber` is its `pull_number`); a gold
@@ -39,7 +38,7 @@ import numpy as np
 from ..adapters.embedder import Embedder
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments.pipeline import build_messages, common_prefix, generate_arguments
-from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, DEFAULT_WORKED_EXAMPLES, REPO_ROOT
+from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
 from ..registry import load_example_requests
 from ..routing.router import Router, RouterConfig
 from ..schema import compile_tool
@@ -53,8 +52,7 @@ SUITE = "args"
 QUERIES = REPO_ROOT / "benchmarks" / "queries"
 BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "ghi")  # blind: written before any measurement, never tuned on
 DEFAULT_EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
-DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None,
-                worked_examples=DEFAULT_WORKED_EXAMPLES)
+DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None)
 QUICK = dict(max_cases=6, trials=1)
 PAPER = {"routing": 0.867, "specified": 1.0, "end_to_end": 0.80, "json_validity": 1.0, "sig_median": 19, "sig_p99": 32,
          "first_arg_ms_sig": 443.8, "first_arg_ms_full": 737.3, "speedup": 1.66, "token_saving": 0.80, "cases": 30}
@@ -141,7 +139,6 @@ def run(
     reranker: str = "likelihood",
     pool: str = "all",
     examples: str | os.PathLike | None = DEFAULT_EXAMPLES,
-    worked_examples: int = DEFAULT_WORKED_EXAMPLES,
     seed: int = 0,
     n_boot: int = 2000,
     out_dir: str = "results",
@@ -167,7 +164,7 @@ def run(
     example_requests = load_example_requests([examples]) if examples else None
     params = dict(cases=[os.path.relpath(p, REPO_ROOT) for p in paths], n_cases=len(cs),
                   examples=os.path.relpath(examples, REPO_ROOT) if examples else None,
-                  worked_examples=worked_examples, registry_dir=os.path.relpath(reg_dir, REPO_ROOT),
+                  registry_dir=os.path.relpath(reg_dir, REPO_ROOT),
                   pool=pool, pool_tools=len(tools), model=model, reranker=reranker, embedder=embedder, trials=trials,
                   n_boot=n_boot, quick=quick,
                   latency="time to the first sampled argument token, prompt prefill included; steady state = common "
@@ -175,9 +172,7 @@ def run(
     run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model), "embedder": model_identity(embedder, kind="embedder")})
     emb = Embedder(embedder)
     ipath = _index_for(tools, emb, examples=example_requests)
-    router = Router(ipath, RouterConfig(reranker=reranker, model=model, worked_examples=worked_examples),
-                    embedder=emb)
-    entries = {t.key: t for t in router.index.tools}
+    router = Router(ipath, RouterConfig(reranker=reranker, model=model), embedder=emb)
     llm = load_model(model)
     ctx = LlamaContext(llm, n_ctx=8192, n_batch=512, n_seq_max=1)
     progress.set_total(len(cs))
@@ -197,10 +192,7 @@ def run(
                 spec = compile_tool(tool)
                 try:
                     ctx.clear()  # the latency loop below leaves other prompts in the cache: never reuse them
-                    shown = router.worked_examples_for(entries[choice], ctx) if choice in entries else []
-                    ctx.clear()
-                    res = generate_arguments(ctx, spec, c["query"], c.get("history"), examples=shown)
-                    rec["worked_examples"] = len(shown)
+                    res = generate_arguments(ctx, spec, c["query"], c.get("history"))
                     raw_ok = True
                     try:
                         raw_ok = isinstance(json.loads(res.raw), dict)
@@ -273,7 +265,6 @@ def run(
                                                            if p["file"] == f),
                                                        sum(len(p["arg_correct"]) for p in routed if p["file"] == f))}
                     for f in sorted({p["file"] for p in per_case})},
-        "cases_with_worked_examples": sum(1 for p in routed if p.get("worked_examples")),
     }
     if lat["sig_warm"]:
         summary["first_arg"] = {

@@ -17,8 +17,7 @@ import numpy as np
 from ..adapters.embedder import query_embedder
 from ..adapters.llama import LlamaContext, LlamaModel
 from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
-from ..arguments.examples import WorkedExamples
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, DEFAULT_WORKED_EXAMPLES, LLM_RERANKER_MODEL
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
@@ -108,8 +107,6 @@ class RouterConfig:
     # benchmarks); a one-shot route turns it off and loads only what its request needs (no LLM unless the gate
     # escalates or arguments are asked for)
     warm: bool = True
-    worked_examples: int = DEFAULT_WORKED_EXAMPLES  # worked example calls in the tool's card, from the index's example
-    #                                         requests (arguments/examples.py); 0: none
     extra: dict = field(default_factory=dict)
 
 
@@ -144,7 +141,6 @@ class Router:
         self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._specs: dict[str, object] = {}  # tool key -> ToolSpec, made once per tool
-        self._worked: WorkedExamples | None = None  # made on the first argument call that has example requests
         if self.config.warm:
             self._warm()
 
@@ -337,25 +333,13 @@ class Router:
             self._arg_prefixes = ArgumentPrefixes(store=store)
         return self._arg_prefixes
 
-    def worked_examples_for(self, entry, ctx=None, seq_id: int = 0) -> list:
-        """The tool's worked example calls (arguments.examples), derived on `seq_id` of `ctx` (default: the
-        arguments' own context) the first time a tool is called and cached; [] when the index holds no example
-        requests for it or config.worked_examples is 0."""
-        if self.config.worked_examples <= 0 or not entry.examples:
-            return []
-        if self._worked is None:
-            self._worked = WorkedExamples(n=self.config.worked_examples)
-        return self._worked.for_tool(ctx if ctx is not None else self.llm(), self.spec(entry), entry.examples,
-                                     seq_id=seq_id)
-
     def _arguments(self, query: str, entry, history) -> tuple[dict | None, str | None]:
         """Arguments through the one argument pipeline (arguments.generate_arguments). Returns (arguments,
         error-or-None); a tool whose schema could not be compiled, or output that fails validation, is reported, not
         raised, and then the arguments are None."""
         try:
             res = generate_arguments(self.llm(), self.spec(entry), query, history=history,
-                                     prefixes=self.argument_prefixes(), time_limit_s=self.config.args_time_limit_s,
-                                     examples=self.worked_examples_for(entry))
+                                     prefixes=self.argument_prefixes(), time_limit_s=self.config.args_time_limit_s)
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise

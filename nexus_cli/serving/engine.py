@@ -43,7 +43,7 @@ from typing import Any, Sequence
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments import generate_arguments
 from ..arguments.cards import CardSplicer, CardStore
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, DEFAULT_WORKED_EXAMPLES
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
 from ..errors import FormatError, ModelError, NexusError, UsageError
 from ..routing.router import Router, RouterConfig
 from ..splice.compile import block_filename
@@ -69,7 +69,6 @@ class EngineConfig:
     deterministic: bool = False  # True: StateArena (outputs independent of other turns, bit for bit); see l0_arena
     card_splice: bool = True  # the tool's card compiled once and spliced after the conversation (arguments/cards.py)
     card_cache: str | None = None  # folder of compiled cards (None: $NEXUS_CARD_CACHE or ~/.cache/nexus/cards)
-    worked_examples: int = DEFAULT_WORKED_EXAMPLES  # worked example calls in the tool's card (RouterConfig.worked_examples)
 
 
 @dataclass
@@ -108,8 +107,7 @@ class Engine:
         self.lock = threading.RLock()
         self.router = router or Router(index, RouterConfig(top_k=self.config.top_k, reranker=self.config.reranker,
                                                            model=self.config.model, threads=self.config.threads,
-                                                           rerank_model=self.config.rerank_model,
-                                                           worked_examples=self.config.worked_examples),
+                                                           rerank_model=self.config.rerank_model),
                                        embedder=embedder, registry=registry)
         self._model = None
         self._ctx = None
@@ -204,20 +202,17 @@ class Engine:
         cache = ArenaCache(self._arena, owner, self.card_splicer())
         try:
             try:
-                # derived on the work sequence the first time a tool is called; the arena empties it before a prompt
-                examples = self.router.worked_examples_for(entry, ctx, self._arena.work_seq)
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
                                        seq_id=self._arena.work_seq, cache=cache,
-                                       time_limit_s=self.config.args_time_limit_s, examples=examples)
+                                       time_limit_s=self.config.args_time_limit_s)
             except ModelError as e:
                 if "no KV slot" not in e.message and "context full" not in e.message:
                     raise
                 self._arena.clear()  # the cache is full of other conversations' slots: drop them and prefill cold
                 cache = ArenaCache(self._arena, owner, self.card_splicer())
-                examples = self.router.worked_examples_for(entry, ctx, self._arena.work_seq)
                 a = generate_arguments(ctx, spec, query, history=history, max_tokens=self.config.max_tokens,
                                        seq_id=self._arena.work_seq, cache=cache,
-                                       time_limit_s=self.config.args_time_limit_s, examples=examples)
+                                       time_limit_s=self.config.args_time_limit_s)
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise

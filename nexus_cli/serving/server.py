@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import __version__
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_WORKED_EXAMPLES
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError
 from ..registry import load_registries
 from .session import Engine, EngineConfig
@@ -275,11 +275,10 @@ def serve_stdio(service: NexusService, log=None) -> dict:
 def make_service(index: str, registry: Sequence[str] | None, model: str, with_args: bool, threads: int | None = None,
                  top_k: int = 5, reranker: str = "auto", deterministic: bool = False,
                  args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                 rerank_model: str | None = None, card_splice: bool = True,
-                 worked_examples: int = DEFAULT_WORKED_EXAMPLES) -> NexusService:
+                 rerank_model: str | None = None, card_splice: bool = True) -> NexusService:
     cfg = EngineConfig(model=model, with_args=with_args, top_k=top_k, reranker=reranker, threads=threads,
                        deterministic=deterministic, args_time_limit_s=args_time_limit_s, rerank_model=rerank_model,
-                       card_splice=card_splice, worked_examples=worked_examples)
+                       card_splice=card_splice)
     engine = Engine(index, cfg, registry=registry)
     tools = load_registries(registry) if registry else None
     if with_args:

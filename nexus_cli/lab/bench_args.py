@@ -38,7 +38,7 @@ import numpy as np
 from ..adapters.embedder import Embedder
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments.pipeline import build_messages, common_prefix, generate_arguments
-from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
+from ..config import ARGUMENTS_LLM, DEFAULT_EMBEDDER, REPO_ROOT
 from ..registry import load_example_requests
 from ..routing.router import Router, RouterConfig
 from ..schema import compile_tool
@@ -52,7 +52,7 @@ SUITE = "args"
 QUERIES = REPO_ROOT / "benchmarks" / "queries"
 BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "ghi")  # blind: written before any measurement, never tuned on
 DEFAULT_EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
-DEFAULTS = dict(model=DEFAULT_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None)
+DEFAULTS = dict(model=ARGUMENTS_LLM, embedder=DEFAULT_EMBEDDER, trials=3, max_cases=None)  # the product's
 QUICK = dict(max_cases=6, trials=1)
 PAPER = {"routing": 0.867, "specified": 1.0, "end_to_end": 0.80, "json_validity": 1.0, "sig_median": 19, "sig_p99": 32,
          "first_arg_ms_sig": 443.8, "first_arg_ms_full": 737.3, "speedup": 1.66, "token_saving": 0.80, "cases": 30}
@@ -132,7 +132,7 @@ def first_token_ms(ctx, tokens: list[int], grammar: str, cached: int) -> float:
 def run(
     cases: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     registry_dir: str | None = None,
-    model: str = DEFAULT_LLM,
+    model: str = ARGUMENTS_LLM,
     embedder: str = DEFAULT_EMBEDDER,
     trials: int = 3,
     max_cases: int | None = None,

@@ -193,8 +193,9 @@ def _unsanitized(text):
 
 
 def evaluate(index_dir: Path, embedder, queries: list[dict], hostile_keys: set[str], reranker: str, llm,
-             progress, sanitized: bool = True) -> tuple[dict, list[dict], object]:
-    router = Router(index_dir, RouterConfig(reranker=reranker, prefix_store=False), embedder=embedder, llm=llm)
+             progress, sanitized: bool = True, model: str = DEFAULT_LLM) -> tuple[dict, list[dict], object]:
+    router = Router(index_dir, RouterConfig(reranker=reranker, model=model, rerank_model=model, prefix_store=False),
+                    embedder=embedder, llm=llm)
     keys_in = {t.key for t in router.index.tools}
     rows = []
     for q in queries:
@@ -233,7 +234,7 @@ def run(out_dir: str = "results", registry_dir: str | None = None, attacks: tupl
     t0 = time.perf_counter()
     base_dir = CACHE / "base"
     build_index(tools, base_dir, embedder=emb, embedder_name=embedder, sources=["shared/all"])
-    baseline, base_rows, llm = evaluate(base_dir, emb, queries, set(), reranker, llm, progress)
+    baseline, base_rows, llm = evaluate(base_dir, emb, queries, set(), reranker, llm, progress, model=model)
     base_hit = {r["id"]: r["hit"] for r in base_rows}
     results, samples = {}, {"baseline": base_rows}
     for attack in attacks:
@@ -249,7 +250,8 @@ def run(out_dir: str = "results", registry_dir: str | None = None, attacks: tupl
                             ("on", {"sanitize": True, "quarantine": True})):
             idx = CACHE / f"{attack}-{setting}"
             build_index(list(tools) + hostile, idx, embedder=emb, embedder_name=embedder, sources=[attack], **kw)
-            res, rows, llm = evaluate(idx, emb, queries, keys, reranker, llm, progress, sanitized=kw["sanitize"])
+            res, rows, llm = evaluate(idx, emb, queries, keys, reranker, llm, progress, sanitized=kw["sanitize"],
+                                      model=model)
             lost = sum(1 for r in rows if base_hit.get(r["id"]) and not r["hit"])
             res["lost_vs_baseline"] = lost
             res["top1_change_points"] = (res["top1"].value - baseline["top1"].value) * 100

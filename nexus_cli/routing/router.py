@@ -17,8 +17,9 @@ import numpy as np
 from ..adapters.embedder import query_embedder
 from ..adapters.llama import LlamaContext, LlamaModel
 from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM, LLM_RERANKER_MODEL
+from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
+from ..models import canonical_name
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
 from ..schema import compile_tool
@@ -92,8 +93,9 @@ class RouterConfig:
     reranker: str = "auto"  # auto: none for an embedder fine-tuned on example requests, else likelihood
     lex_weight: float | None = None  # None: the index's
     use_gate: bool = True  # False: always rerank (ablation)
-    model: str = DEFAULT_LLM  # LLM for arguments (and the llm / likelihood rerankers unless rerank_model is given)
-    # LLM of the reranker; None: `model` for likelihood, config.LLM_RERANKER_MODEL for llm
+    model: str = ARGUMENTS_LLM  # LLM for arguments
+    # LLM of the reranker; None: config.LLM_RERANKER_MODEL for llm; for likelihood config.LIKELIHOOD_RERANKER_LLM when
+    # `model` is ARGUMENTS_LLM (the default), else `model`
     rerank_model: str | None = None
     args_time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S  # the bound on one argument generation, retries included
     threads: int | None = None
@@ -206,7 +208,10 @@ class Router:
             return None
         if self.config.rerank_model is not None:
             return self.config.rerank_model
-        return LLM_RERANKER_MODEL if self._reranker_name == "llm" else self.config.model
+        if self._reranker_name == "llm":
+            return LLM_RERANKER_MODEL
+        # each stage on the model measured best for it by default; any other --model runs both
+        return LIKELIHOOD_RERANKER_LLM if canonical_name(str(self.config.model)) == ARGUMENTS_LLM else self.config.model
 
     def rerank_llm(self):
         """The reranker's LLM context: its own, or the arguments' one when it is the same model."""

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments import generate_arguments
 from ..arguments.cards import CardSplicer, CardStore
-from ..config import DEFAULT_ARGS_TIME_LIMIT_S, DEFAULT_LLM
+from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import FormatError, ModelError, NexusError, UsageError
 from ..routing.router import Router, RouterConfig
 from ..splice.compile import block_filename
@@ -54,7 +54,7 @@ from .arena import L0Arena, StateArena
 
 @dataclass
 class EngineConfig:
-    model: str = DEFAULT_LLM
+    model: str = ARGUMENTS_LLM
     with_args: bool = True
     n_ctx: int = 8192
     slots: int = 32

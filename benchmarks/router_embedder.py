@@ -36,6 +36,7 @@ from nexus_cli.registry import load_example_requests, load_registries  # noqa: E
 SPLITS = ROOT / "benchmarks" / "server_splits.json"
 EXAMPLES = ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
 REGISTRIES = ROOT.parent / "shared" / "registries"
+BASE = "minilm"  # all-MiniLM-L6-v2
 RECIPE = {"epochs": 1, "rounds": 1, "example_positives": False, "time_budget_s": 1500.0}
 
 
@@ -46,6 +47,7 @@ def split_tools(part: str, registries: Path = REGISTRIES):
 
 def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
           example_positives: bool = RECIPE["example_positives"]) -> dict:
+    from nexus_cli.adapters.embedder import Embedder
     from nexus_cli.routing.build import build_index
 
     tools = split_tools("train")
@@ -60,8 +62,9 @@ def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
             last[0] = time.time()
             print(f"[{time.time() - t0:7.0f} s] {stage}: {done}/{total}", file=sys.stderr, flush=True)
 
-    report = build_index(tools, out, examples=examples, finetune=True, finetune_options=recipe, progress=progress,
-                         sources=[f"{SPLITS.name}:train"])
+    # from the stock model, not the default embedder (which is this script's own earlier output)
+    report = build_index(tools, out, embedder=Embedder(BASE), embedder_name=BASE, examples=examples, finetune=True,
+                         finetune_options=recipe, progress=progress, sources=[f"{SPLITS.name}:train"])
     info = {"tools": len(tools), "servers": len({t.server for t in tools}), "recipe": recipe,
             "finetuned": report.finetuned, "seconds": round(time.time() - t0, 1)}
     atomic_write_json(out / "train-report.json", info)

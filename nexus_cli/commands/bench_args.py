@@ -19,7 +19,7 @@ def command(
     registry_dir: Optional[str] = options.registry_dir(),
     model: Optional[str] = options.model(help="LLM for arguments, as `nexus route --model` (default qwen2.5-1.5b; the likelihood reranker then runs on qwen2.5-0.5b)."),
     embedder: Optional[str] = options.embedder(),
-    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Latency repetitions per case and path (default 3; --quick: 1)."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Latency repetitions per case and path (default 1)."),
     max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),
     reranker: str = typer.Option("likelihood", "--reranker", help="likelihood (the product default: LLM query likelihood on escalation, docs/routing.md) or none."),
     pool: str = typer.Option("all", "--pool", help="Registry to route over: all, core, or cases (only the cases' gold tools)."),

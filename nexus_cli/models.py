@@ -143,6 +143,12 @@ def canonical_name(name: str) -> str | None:
     return key if key in MODELS else None
 
 
+def model_key(name: str) -> str:
+    """What identifies a model given by name, alias or path: the table's name, else the path as given (so two
+    spellings of one model compare equal, and two different .gguf paths do not)."""
+    return canonical_name(str(name)) or str(name)
+
+
 def resolve_model(name_or_path: str, kind: str = "gguf") -> Path:
     """A model name (smollm2-135m, qwen2.5-0.5b, minilm) or a path, to a verified local path; clear error if not."""
     key = canonical_name(name_or_path)

@@ -254,6 +254,10 @@ def test_the_llm_reranker_runs_on_its_own_model(forge_dir, embedder):
     assert Router(forge_dir, RouterConfig(reranker="likelihood", rerank_model="smollm2-135m"),
                   embedder=embedder).rerank_model == "smollm2-135m"
     assert Router(forge_dir, RouterConfig(reranker="llm"), embedder=embedder).rerank_model == LLM_RERANKER_MODEL
+    from nexus_cli.models import model_key
+
+    assert model_key("Qwen2.5-1.5B-coder") == model_key("qwen2.5-1.5b") == "qwen2.5-1.5b"
+    assert model_key("/m/a.gguf") != model_key("/m/b.gguf")  # paths are not folded together
 
     assert Router(forge_dir, RouterConfig(reranker="none"), embedder=embedder).rerank_model is None
     r = Router(forge_dir, RouterConfig(reranker="llm", model="smollm2-135m", rerank_model="smollm2-135m"),

@@ -290,14 +290,15 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     ctx = _context_for(llm)
     cache = cache or PromptCache(prefixes)
     messages, window = build_messages(spec, query, history, descriptions=descriptions, window_size=window_size)
+    block = tool_block(spec, descriptions)
     tokens = ctx.model.chat_tokens(messages)
     if len(tokens) + max_tokens > ctx.n_ctx:
         raise NexusError(f"argument prompt needs {len(tokens) + max_tokens} cells, the context has {ctx.n_ctx}",
                          hint="shorten the history window or use a larger context")
-    n_tool_prefix = tool_prefix_tokens(ctx.model, messages, tool_block(spec, descriptions), tokens) \
+    n_tool_prefix = tool_prefix_tokens(ctx.model, messages, block, tokens) \
         if getattr(cache, "prefixes", None) is not None else 0
     # with compiled cards (the serving engine's cache has a CardSplicer) the tool block is spliced, not decoded
-    card = card_span(ctx.model, messages, tool_block(spec, descriptions), tokens) \
+    card = card_span(ctx.model, messages, block, tokens) \
         if getattr(cache, "cards", None) is not None else None
     start = cache.start(ctx, tokens, n_tool_prefix, seq_id, card=card)
     # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)

@@ -136,7 +136,7 @@ def run(
     registry_dir: str | None = None,
     model: str = ARGUMENTS_LLM,
     embedder: str = DEFAULT_EMBEDDER,
-    trials: int = 3,
+    trials: int = DEFAULTS["trials"],
     max_cases: int | None = None,
     reranker: str = "likelihood",
     pool: str = "all",

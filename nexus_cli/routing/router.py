@@ -19,7 +19,7 @@ from ..adapters.llama import LlamaContext, LlamaModel
 from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
 from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
-from ..models import canonical_name
+from ..models import model_key
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
 from ..schema import compile_tool
@@ -211,12 +211,12 @@ class Router:
         if self._reranker_name == "llm":
             return LLM_RERANKER_MODEL
         # each stage on the model measured best for it by default; any other --model runs both
-        return LIKELIHOOD_RERANKER_LLM if canonical_name(str(self.config.model)) == ARGUMENTS_LLM else self.config.model
+        return LIKELIHOOD_RERANKER_LLM if model_key(self.config.model) == ARGUMENTS_LLM else self.config.model
 
     def rerank_llm(self):
         """The reranker's LLM context: its own, or the arguments' one when it is the same model."""
         name = self.rerank_model
-        if name == self.config.model:
+        if model_key(name) == model_key(self.config.model):
             return self.llm()
         if self._rerank_llm is None:
             self._rerank_llm = self._context(name)

@@ -2,12 +2,17 @@
 (benchmarks/server_splits.json), so the dev and test servers are tools it has never seen.
 
     python benchmarks/router_embedder.py train  [--out .nexus/router-train] [--epochs 1] [--rounds 1]
-        [--example-positives] [--budget 1500]
+        [--example-positives] [--budget 1500] [--batch-size 32] [--lr 3e-5] [--n-hard 1] [--device cpu|cuda]
+    python benchmarks/router_embedder.py sweep benchmarks/router_embedder_grid.json [--out .nexus/router-sweep]
+        [--device cuda] [--deadline 420] [--export DIR]
     python benchmarks/router_embedder.py export .nexus/router-train/embedder models/router-embedder \
         [--figures results/routing-lso/FILE.json ...]
 
-`train` builds an index of the train servers' tools with their example requests and `--finetune` (the recipe below),
-which leaves the fine-tuned model in OUT/embedder. `export` writes it as float16 safetensors with its tokenizer and
+`train` fine-tunes the base on the train servers' tools with their example requests (routing/finetune.py, the
+recipe below) and leaves the model in OUT/embedder with OUT/train-report.json. `sweep` trains each recipe of a grid
+file from the base and scores it on the dev part with the retriever alone (`nexus bench routing-lso --part dev
+--reranker none`, the same code), keeps a record per recipe (a rerun skips the recipes already scored), stops starting
+recipes after `--deadline` seconds, and with `--export` exports the best by dev top-1 (then top-3). `export` writes it as float16 safetensors with its tokenizer and
 config, a model card (README.md, with the leave-servers-out figures of the `nexus bench routing-lso` results files
 given) and the weights' sha256 into the destination folder, atomically. Exporting the same model again gives the same
 bytes, so the card can be rewritten once figures exist without changing the pinned digest.
@@ -46,14 +51,16 @@ def split_tools(part: str, registries: Path = REGISTRIES):
 
 
 def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
-          example_positives: bool = RECIPE["example_positives"]) -> dict:
+          example_positives: bool = RECIPE["example_positives"], batch_size: int = 32, lr: float = 3e-5,
+          n_hard: int = 1, device: str = "cpu", base: str = BASE, registries: Path = REGISTRIES) -> dict:
     from nexus_cli.adapters.embedder import Embedder
-    from nexus_cli.routing.build import build_index
+    from nexus_cli.routing.build import match_examples
+    from nexus_cli.routing.finetune import finetune_embedder
 
-    tools = split_tools("train")
-    examples = load_example_requests([EXAMPLES])
+    tools = split_tools("train", registries)
+    tool_examples, _ = match_examples(tools, load_example_requests([EXAMPLES]))
     recipe = {**RECIPE, "epochs": epochs, "rounds": rounds, "example_positives": example_positives,
-              "time_budget_s": budget}
+              "time_budget_s": budget, "batch_size": batch_size, "lr": lr, "n_hard": n_hard}
     t0 = time.time()
     last = [0.0]
 
@@ -62,13 +69,63 @@ def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
             last[0] = time.time()
             print(f"[{time.time() - t0:7.0f} s] {stage}: {done}/{total}", file=sys.stderr, flush=True)
 
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = out / "embedder"
+    tmp = out / "embedder.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
     # from the stock model, not the default embedder (which is this script's own earlier output)
-    report = build_index(tools, out, embedder=Embedder(BASE), embedder_name=BASE, examples=examples, finetune=True,
-                         finetune_options=recipe, progress=progress, sources=[f"{SPLITS.name}:train"])
+    finetune_embedder(tools, Embedder(base, device=device), tmp, examples=tool_examples, epochs=epochs, rounds=rounds,
+                      example_positives=example_positives, time_budget_s=budget, batch_size=batch_size, lr=lr,
+                      n_hard=n_hard, device=device, progress=progress)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    tmp.rename(model_dir)
     info = {"tools": len(tools), "servers": len({t.server for t in tools}), "recipe": recipe,
-            "finetuned": report.finetuned, "seconds": round(time.time() - t0, 1)}
+            "base": str(base), "device": device,
+            "seconds": round(time.time() - t0, 1)}
     atomic_write_json(out / "train-report.json", info)
     return info
+
+
+def sweep(grid_file: Path, out: Path, device: str, deadline_s: float, base: str = BASE,
+          registries: Path = REGISTRIES, export_to: Path | None = None) -> dict:
+    """Train every recipe of the grid and score it on the dev part, retriever alone; export the best."""
+    from nexus_cli.lab import bench_lso
+
+    grid = json.loads(Path(grid_file).read_text())["recipes"]
+    out = Path(out)
+    t0 = time.time()
+    rows = []
+    for rec in grid:
+        name = rec["name"]
+        done = out / name / "dev.json"
+        if done.is_file():
+            rows.append(json.loads(done.read_text()))
+            continue
+        if time.time() - t0 > deadline_s:
+            rows.append({"name": name, "skipped": f"not started: the sweep's {deadline_s:.0f} s deadline had passed"})
+            continue
+        opts = {k: v for k, v in rec.items() if k != "name"}
+        info = train(out / name, base=base, device=device, registries=registries, **opts)
+        t1 = time.time()
+        doc = bench_lso.run(part="dev", embedder=str(out / name / "embedder"), reranker="none",
+                            registry_dir=str(registries), write=False)
+        summ = doc["summary"]
+        row = {"name": name, "recipe": info["recipe"], "train_seconds": info["seconds"],
+               "dev_seconds": round(time.time() - t1, 1), "n": summ["n"],
+               "top1": summ["top1"], "top3": summ["top3"], "follow_up_top1": summ["follow_up_top1"]}
+        atomic_write_json(done, row)
+        rows.append(row)
+        print(f"{name}: dev top-1 {100 * summ['top1']['value']:.1f} %, top-3 {100 * summ['top3']['value']:.1f} %"
+              f" (train {info['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    scored = [r for r in rows if "top1" in r]
+    best = max(scored, key=lambda r: (r["top1"]["value"], r["top3"]["value"])) if scored else None
+    report = {"grid": str(grid_file), "device": device, "base": str(base), "rows": rows,
+              "best": best["name"] if best else None, "seconds": round(time.time() - t0, 1)}
+    atomic_write_json(out / "sweep.json", report)
+    if best and export_to:
+        report["export"] = export(out / best["name"] / "embedder", Path(export_to))
+    return report
 
 
 CARD = """# Nexus router embedder
@@ -159,13 +216,28 @@ def main(argv=None) -> int:
     t.add_argument("--example-positives", action="store_true", default=RECIPE["example_positives"],
                    help="also pair each request with another example request of its tool")
     t.add_argument("--budget", type=float, default=RECIPE["time_budget_s"], help="seconds for all rounds together")
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=3e-5)
+    t.add_argument("--n-hard", type=int, default=1, help="mined hard negatives per request")
+    for q in (t, w := sub.add_parser("sweep")):
+        q.add_argument("--device", default="cpu", help="cpu or cuda")
+        q.add_argument("--base", default=BASE, help="the model to start from (default all-MiniLM-L6-v2)")
+        q.add_argument("--registries", default=str(REGISTRIES))
+    w.add_argument("grid")
+    w.add_argument("--out", default=str(ROOT / ".nexus" / "router-sweep"))
+    w.add_argument("--deadline", type=float, default=420.0, help="start no recipe after this many seconds")
+    w.add_argument("--export", default=None, help="export the best recipe's model to this folder")
     e = sub.add_parser("export")
     e.add_argument("src")
     e.add_argument("dst")
     e.add_argument("--figures", nargs="*", default=[], help="nexus bench routing-lso results files for the card")
     a = ap.parse_args(argv)
     if a.cmd == "train":
-        print(json.dumps(train(Path(a.out), a.epochs, a.budget, a.rounds, a.example_positives), indent=1))
+        print(json.dumps(train(Path(a.out), a.epochs, a.budget, a.rounds, a.example_positives, a.batch_size, a.lr,
+                               a.n_hard, a.device, a.base, Path(a.registries)), indent=1))
+    elif a.cmd == "sweep":
+        print(json.dumps(sweep(Path(a.grid), Path(a.out), a.device, a.deadline, a.base, Path(a.registries),
+                               Path(a.export) if a.export else None), indent=1))
     else:
         print(json.dumps(export(Path(a.src), Path(a.dst), [Path(f) for f in a.figures]), indent=1))
     return 0

@@ -418,7 +418,7 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
                        epochs: int = 1, batch_size: int = 32, lr: float = 3e-5, scale: float = 20.0, seed: int = 0,
                        max_length: int = 96, time_budget_s: float | None = None, threads: int | None = None,
                        callback=None, precision: str = "auto",
-                       labels: Sequence[tuple[int, Sequence[int]]] | None = None) -> dict:
+                       labels: Sequence[tuple[int, Sequence[int]]] | None = None, device: str = "cpu") -> dict:
     """Fine-tune a sentence-transformers bi-encoder with in-batch-negatives ranking loss (MNRL) on (query, positive
     text, hard negatives) items, the negatives being None, one text or a list of texts; saves the model to `out`.
     Returns a training log.
@@ -430,7 +430,10 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
 
     `precision` "bfloat16" runs the forward and backward passes under bfloat16 autocast (weights and optimizer state
     stay float32); "auto" picks it where the CPU runs bfloat16 natively, as for query embedding. On the core
-    registry's examples it gave the same development decisions as float32 in 0.78x the time (docs/routing.md)."""
+    registry's examples it gave the same development decisions as float32 in 0.78x the time (docs/routing.md).
+
+    `device` "cuda" trains on a GPU (the shipped router embedder's recipe was run there; `cpu` is what `nexus index
+    --finetune` uses); a model stored in float16 is trained in float32 either way."""
     import random
     import time
 
@@ -441,7 +444,7 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
     _quiet_transformers()
     from sentence_transformers import SentenceTransformer
 
-    precision = _resolve_precision(precision, "cpu")
+    precision = _resolve_precision(precision, device)
     negatives = [_as_text_list(p[2] if len(p) > 2 else None) for p in pairs]
     if labels is None:
         text_class: dict[str, int] = {}
@@ -451,7 +454,8 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
         raise ModelError("fine-tuning labels must give one class per positive and per negative of each item")
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model = SentenceTransformer(str(base), device="cpu")
+    model = SentenceTransformer(str(base), device=device)
+    model.float()  # a float16 checkpoint (the shipped router embedder) must not be trained in float16
     model.max_seq_length = max_length
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     order = list(range(len(pairs)))
@@ -460,7 +464,7 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
         opt, lambda s: min(1.0, (s + 1) / max(1, steps_total // 10)) * max(0.0, 1 - s / max(1, steps_total)))
 
     def embed(texts):
-        feats = model.tokenize(texts)
+        feats = {k: v.to(device) if hasattr(v, "to") else v for k, v in model.tokenize(texts).items()}
         out = model(feats)["sentence_embedding"]
         return torch.nn.functional.normalize(out, dim=-1)
 
@@ -474,11 +478,11 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
             qs = [pairs[i][0] for i in batch]
             cands = [pairs[i][1] for i in batch] + [n for i in batch for n in negatives[i]]
             same = torch.from_numpy(same_answer_mask([labels[i][0] for i in batch],
-                                                     [c for i in batch for c in labels[i][1]]))
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                                                     [c for i in batch for c in labels[i][1]])).to(device)
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
                 sim = (embed(qs) @ embed(cands).T).float() * scale
             sim = sim.masked_fill(same, -1e4)
-            loss = torch.nn.functional.cross_entropy(sim, torch.arange(len(qs)))
+            loss = torch.nn.functional.cross_entropy(sim, torch.arange(len(qs), device=device))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -498,7 +502,7 @@ def finetune_biencoder(base: str | Path, pairs: Sequence[tuple], out: str | Path
     return {"steps": step, "steps_planned": steps_total, "seconds": round(time.perf_counter() - t0, 1),
             "loss_first": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
             "loss_last": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4), "stopped_on_budget": stopped,
-            "precision": precision}
+            "precision": precision, "device": torch.device(device).type}
 
 
 def same_answer_mask(positive_classes: Sequence[int], negative_classes: Sequence[int]):

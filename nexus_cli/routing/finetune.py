@@ -50,7 +50,7 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
                       progress=None, seed: int = TRAIN_SEED, examples: Sequence[Sequence[str]] | None = None,
                       precision: str = "auto", n_hard: int = 1,
                       example_positives: bool = FINETUNE_EXAMPLE_POSITIVES, rounds: int = FINETUNE_ROUNDS,
-                      second_round_epochs: int = FINETUNE_SECOND_ROUND_EPOCHS) -> dict:
+                      second_round_epochs: int = FINETUNE_SECOND_ROUND_EPOCHS, device: str = "cpu") -> dict:
     """Fine-tune the bi-encoder (`_finetune_round`), then, on example requests and with `rounds` = 2, once more
     from the model the first round made, its hard negatives mined by that model: the tools it still confuses, where
     the first round's came from the base model's confusions, most of which it has learned to separate. Saves the
@@ -59,7 +59,7 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
         raise NexusError(f"fine-tuning rounds must be 1 or 2, got {rounds}")
     t0 = time.perf_counter()
     common = dict(n_queries=n_queries, batch_size=batch_size, lr=lr, seed=seed, examples=examples,
-                  precision=precision, n_hard=n_hard, example_positives=example_positives)
+                  precision=precision, n_hard=n_hard, example_positives=example_positives, device=device)
     info = _finetune_round(tools, embedder, out_dir, epochs=epochs, time_budget_s=time_budget_s,
                            progress=progress, label="fine-tuning embedder", **common)
     info["rounds"] = 1
@@ -72,7 +72,8 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
             second_dir = out_dir.with_name(out_dir.name + ".round2")
             shutil.rmtree(second_dir, ignore_errors=True)
             try:
-                second = _finetune_round(tools, Embedder(str(out_dir)), second_dir, epochs=second_round_epochs,
+                second = _finetune_round(tools, Embedder(str(out_dir), device=device), second_dir,
+                                         epochs=second_round_epochs,
                                          time_budget_s=left, progress=progress,
                                          label="fine-tuning embedder (round 2)", **common)
                 shutil.rmtree(out_dir)
@@ -89,7 +90,7 @@ def finetune_embedder(tools, embedder, out_dir: Path, n_queries: int = 4, epochs
 
 def _finetune_round(tools, embedder, out_dir: Path, n_queries: int, epochs: int, batch_size: int, lr: float,
                     time_budget_s: float, progress, seed: int, examples: Sequence[Sequence[str]] | None,
-                    precision: str, n_hard: int, example_positives: bool, label: str) -> dict:
+                    precision: str, n_hard: int, example_positives: bool, label: str, device: str = "cpu") -> dict:
     """One fine-tuning of the bi-encoder, starting from `embedder`'s weights, on (request, tool doc text, hard
     negative docs) items.
 
@@ -137,8 +138,9 @@ def _finetune_round(tools, embedder, out_dir: Path, n_queries: int, epochs: int,
     mined_s = time.perf_counter() - t0
     cb = (lambda s, n: progress(label, s, n)) if progress else None
     log = finetune_biencoder(embedder.path, items, out_dir, epochs=epochs, batch_size=batch_size, lr=lr,
-                             time_budget_s=time_budget_s, seed=seed, callback=cb, precision=precision, labels=labels)
-    info = {"base": Path(embedder.path).name, "n_triples": len(qs), "n_items": len(items),
+                             time_budget_s=time_budget_s, seed=seed, callback=cb, precision=precision, labels=labels,
+                             device=device)
+    info = {"base": Path(embedder.path).name, "n_triples": len(qs), "n_items": len(items), "batch_size": batch_size,
             "loss": f"MNRL + {n_hard} mined hard negative{'s' if n_hard > 1 else ''}"
                     + (" + other example requests as positives" if example_positives else ""),
             "epochs": epochs, "lr": lr, "n_hard": n_hard, "example_positives": example_positives,

@@ -17,8 +17,8 @@ config, a model card (README.md, with the leave-servers-out figures of the `nexu
 given) and the weights' sha256 into the destination folder, atomically. Exporting the same model again gives the same
 bytes, so the card can be rewritten once figures exist without changing the pinned digest.
 
-Recipe (chosen for the 2-core budget; figures in models/router-embedder/README.md): MiniLM-L6-v2 base, one epoch of
-MNRL with one mined hard negative per request, no second positives, one round, a 1,500 s cap.
+Recipe of the shipped model (chosen for the 2-core budget; figures in models/router-embedder/README.md): MiniLM-L6-v2
+base, one epoch of MNRL with one mined hard negative per request, no second positives, one round, a 1,500 s cap.
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ and test servers' requests were never trained on.
 - Architecture: BERT, 6 layers, 384 dimensions, mean pooling, unit-norm output (as all-MiniLM-L6-v2); weights in
   float16 (`model.safetensors`, sha256 `{sha256}`); loaded as float32.
 - Training: {recipe}; {n_items} (request, tool text, hard negative) items; {steps} of {steps_planned} planned steps in
-  {train_s} s on 2 CPU cores{budget_note}.
-- Rebuild: `python benchmarks/router_embedder.py train` then `... export .nexus/router-train/embedder models/router-embedder`.
+  {train_s} s on {where}{budget_note}.
+- Rebuild: `{rebuild}` then `python benchmarks/router_embedder.py export .nexus/router-train/embedder
+  models/router-embedder`.
 
 ## Leave-servers-out figures
 
@@ -148,6 +149,44 @@ intervals (`nexus bench routing-lso --part PART --embedder E --reranker R`).
 
 {figures}
 """
+
+
+def base_fp16(dst: Path) -> dict:
+    """all-MiniLM-L6-v2 with its weights rounded to float16, the base the GPU recipes start from (the GPU machine
+    takes at most 64 MiB of files; training runs in float32 either way)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from nexus_cli.models import resolve_model
+
+    src = resolve_model(BASE, kind="embedder")
+    dst = Path(dst)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent if dst.parent.exists() else None))
+    try:
+        for p in src.rglob("*"):
+            if p.is_file() and p.suffix in (".json", ".txt") and not p.name.startswith("data_config"):
+                (tmp / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, tmp / p.relative_to(src))
+        weights = load_file(str(src / "model.safetensors"))
+        save_file({k: v.to(torch.float16).contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"out": str(dst), "sha256": sha256_file(dst / "model.safetensors")}
+
+
+def rebuild_command(recipe: dict, device: str, base: str = BASE) -> str:
+    """The `train` command line that runs `recipe` again."""
+    flags = [f"--epochs {recipe['epochs']}", f"--rounds {recipe['rounds']}"]
+    flags += [f"--{k.replace('_', '-')} {recipe[k]}" for k in ("batch_size", "lr", "n_hard") if k in recipe]
+    flags += ["--example-positives"] * bool(recipe.get("example_positives"))
+    flags += [f"--budget {recipe['time_budget_s']:.0f}", f"--device {device}"]
+    flags += [f"--base {base}"] * (base != BASE)
+    first = f"python benchmarks/router_embedder.py base-fp16 {base}`, then `" if base != BASE else ""
+    return first + "python benchmarks/router_embedder.py train " + " ".join(flags)
 
 
 def figure_rows(files: list[Path]) -> str:
@@ -194,6 +233,9 @@ def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
             steps=record.get("train", {}).get("steps"), train_s=record.get("train", {}).get("seconds"),
             steps_planned=record.get("train", {}).get("steps_planned"),
             budget_note=" (stopped on the time cap)" if record.get("train", {}).get("stopped_on_budget") else "",
+            where="one GPU" if record.get("train", {}).get("device", "cpu") != "cpu" else "2 CPU cores",
+            rebuild=rebuild_command(train_report.get("recipe", RECIPE), train_report.get("device", "cpu"),
+                                    ".nexus/minilm-fp16" if train_report.get("base", BASE) != BASE else BASE),
             figures=figure_rows(list(figures or []))))
         atomic_write_json(tmp / "nexus-router.json", {"sha256": digest, "split": SPLITS.name, "finetune": record})
         if dst.exists():
@@ -227,6 +269,8 @@ def main(argv=None) -> int:
     w.add_argument("--out", default=str(ROOT / ".nexus" / "router-sweep"))
     w.add_argument("--deadline", type=float, default=420.0, help="start no recipe after this many seconds")
     w.add_argument("--export", default=None, help="export the best recipe's model to this folder")
+    f = sub.add_parser("base-fp16", help="write all-MiniLM-L6-v2 rounded to float16 (the GPU recipes' base)")
+    f.add_argument("dst")
     e = sub.add_parser("export")
     e.add_argument("src")
     e.add_argument("dst")
@@ -238,6 +282,8 @@ def main(argv=None) -> int:
     elif a.cmd == "sweep":
         print(json.dumps(sweep(Path(a.grid), Path(a.out), a.device, a.deadline, a.base, Path(a.registries),
                                Path(a.export) if a.export else None), indent=1))
+    elif a.cmd == "base-fp16":
+        print(json.dumps(base_fp16(Path(a.dst)), indent=1))
     else:
         print(json.dumps(export(Path(a.src), Path(a.dst), [Path(f) for f in a.figures]), indent=1))
     return 0

@@ -135,6 +135,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     #                               const float *query, const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k,
     #                               float base, float *out);
     sig("nexus_slb_tool_scores", i32, vp, vp, i64, i32, vp, vp, i64, i32, fl, vp)
+    # int32_t nexus_slb_row_norms(const int8_t *db, const float *db_scales, const float *db_f32, int64_t n,
+    #                             int32_t dim, float *out);
+    sig("nexus_slb_row_norms", i32, vp, vp, vp, i64, i32, vp)
+    # int32_t nexus_slb_topk_exact(const int8_t *db, const float *db_scales, const float *db_f32,
+    #                              const float *row_norms, int64_t n, int32_t dim, const float *query, int32_t k,
+    #                              int64_t *idx_out, float *score_out, int32_t *n_out, int64_t *n_rescored_out);
+    sig("nexus_slb_topk_exact", i32, vp, vp, vp, vp, i64, i32, vp, i32, vp, vp, vp, vp)
     # int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim,
     #                              const int8_t *query, float query_scale, int32_t k, int32_t n_warmup,
     #                              int32_t n_reps, double *ns_out);

@@ -151,6 +151,49 @@ def slb_topk_timed(db: np.ndarray, db_scales: np.ndarray | None, query_q: np.nda
     return ns[: int(n_reps)]
 
 
+class SlbExactScanner:
+    """The exact top-k over fixed float32 rows (nexus_slb_topk_exact): the rows are quantized and their two error
+    norms computed once, here; `topk(query_f32)` shortlists by the INT8 scan and decides by exact float32 dot
+    products, so its answer is the float32 ranking's (ties to the lower index). `last_rescored` is how many rows the
+    last call rescored exactly. Returned arrays are the scanner's own buffers, overwritten by the next call."""
+
+    def __init__(self, db_f32: np.ndarray, k: int):
+        self._f32 = _as(db_f32, "db_f32", (np.dtype(np.float32),), 2)
+        if k < 1:
+            raise UsageError(f"k must be >= 1, got {k}")
+        self.n, self.dim = self._f32.shape
+        self.db, self.scales = quantize_i8(self._f32)
+        self.row_norms = np.empty((self.n, 2), dtype=np.float32)
+        if self.n:
+            _native.check(_native.lib().nexus_slb_row_norms(_ptr(self.db), _ptr(self.scales), _ptr(self._f32),
+                                                            self.n, self.dim, _ptr(self.row_norms)))
+        self.k = max(1, min(int(k), self.n))
+        self.query = np.zeros(self.dim, dtype=np.float32)
+        self._idx = np.empty(self.k, dtype=np.int64)
+        self._scores = np.empty(self.k, dtype=np.float32)
+        self._n_out = _native.c_i32(0)
+        self._rescored = _native.c_i64(0)
+        self._call = _native.FastCall(
+            "nexus_slb_topk_exact", _native.voidp(_ptr(self.db)), _native.voidp(_ptr(self.scales)),
+            _native.voidp(_ptr(self._f32)), _native.voidp(_ptr(self.row_norms)), _native.c_i64(self.n),
+            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), _native.c_i32(self.k),
+            _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)), _native.ref(self._n_out),
+            _native.ref(self._rescored))
+
+    @property
+    def last_rescored(self) -> int:
+        return int(self._rescored.value)
+
+    def topk(self, query_f32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            np.copyto(self.query, query_f32, casting="same_kind")
+        except (TypeError, ValueError):
+            raise UsageError(f"query must be a float array of {self.dim} values") from None
+        self._call()
+        m = self._n_out.value
+        return self._idx[:m], self._scores[:m]
+
+
 class SlbScanner:
     """A prepared top-k scan over a fixed database: validation and pointer conversion happen once, here.
 

@@ -76,6 +76,14 @@ def slb_topk(db, db_scales, query_q, query_scale, k) -> tuple[np.ndarray, np.nda
     return order.astype(np.int64), scores[order]
 
 
+def slb_topk_exact(db_f32, query_f32, k) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 rows ranked by their dot product with the float32 query, computed in float64, ties to the lower
+    index: the answer nexus_slb_topk_exact must give whatever its INT8 shortlist was."""
+    scores = np.asarray(db_f32, np.float64) @ np.asarray(query_f32, np.float64)
+    order = np.lexsort((np.arange(scores.size), -scores))[:k]
+    return order.astype(np.int64), scores[order].astype(np.float32)
+
+
 def slb_tool_scores(db, db_scales, owners, n_tools, query_f32, floor_k=0, base=-1.0) -> np.ndarray:
     """Per-tool scores: the float32 query quantized, every row scored, each tool's best row, raised to the
     floor_k-th best row score (0 < floor_k < n) or else to base."""

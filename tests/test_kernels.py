@@ -235,6 +235,56 @@ def test_slb_topk_every_level(dim, restore_level):
     assert np.array_equal(idx, reference.slb_topk(db, None, q, 1.0, 4)[0])
 
 
+@pytest.mark.parametrize("dim", LENGTHS)
+def test_slb_topk_exact_is_the_float32_ranking_every_level(dim, restore_level):
+    """The exact scan equals ranking the float32 rows themselves, where the INT8 scan alone does not."""
+    rng = np.random.default_rng(300 + dim)
+    x = rng.standard_normal((400, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[150] = x[20]  # exact ties: the lower index first
+    x[399] = x[20]
+    x[30] = x[40] + np.float32(1e-4) * rng.standard_normal(dim).astype(np.float32)  # near-ties INT8 cannot see
+    queries = rng.standard_normal((60, dim)).astype(np.float32)
+    queries[0] = x[20]
+    queries[1] = x[40]
+    int8_disagree = 0
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        scanner = kernels.SlbExactScanner(x, 5)
+        for i, q in enumerate(queries):
+            idx, sc = scanner.topk(q)
+            want_idx, want_sc = reference.slb_topk_exact(x, q, 5)
+            assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), (level, i)
+            assert 5 <= scanner.last_rescored <= x.shape[0]
+            qq, qs = kernels.quantize_i8(q.reshape(1, -1))
+            int8_disagree += int(kernels.slb_topk(scanner.db, scanner.scales, qq[0], float(qs[0]), 1)[0][0]
+                                 != want_idx[0])
+    if dim > 1:  # (in one dimension every unit row is +-1: all ties)
+        assert scanner.topk(queries[0])[0][:3].tolist() == [20, 150, 399]
+    if dim >= 64:  # the shortlist is a shortlist: most rows are never rescored
+        assert scanner.last_rescored < x.shape[0] // 4
+    assert int8_disagree > 0 or dim < 64  # the near-ties do flip the INT8 scan's own winner
+    for k in (1, 64, 65, 400, 500):  # both selection paths, and k beyond n
+        scanner = kernels.SlbExactScanner(x, k)
+        idx, sc = scanner.topk(queries[2])
+        want_idx, want_sc = reference.slb_topk_exact(x, queries[2], k)
+        assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), k
+
+
+def test_slb_topk_exact_errors():
+    x = np.ones((4, 8), dtype=np.float32)
+    with pytest.raises(UsageError, match="k must be"):
+        kernels.SlbExactScanner(x, 0)
+    with pytest.raises(UsageError, match="float32"):
+        kernels.SlbExactScanner(x.astype(np.float64), 2)
+    x[1, 3] = np.inf
+    with pytest.raises(NativeError, match="not finite"):
+        kernels.SlbExactScanner(x, 2)
+    scanner = kernels.SlbExactScanner(np.ones((4, 8), dtype=np.float32), 2)
+    with pytest.raises(UsageError, match="8 values"):
+        scanner.topk(np.ones(5, dtype=np.float32))
+
+
 def test_slb_topk_timed_and_errors():
     rng = np.random.default_rng(5)
     db = rng.integers(-127, 128, (50, 16), dtype=np.int8)

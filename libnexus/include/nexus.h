@@ -85,6 +85,21 @@ int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t 
                               const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k, float base,
                               float *out);
 
+/* The two float32 norms per row that nexus_slb_topk_exact's error bound needs, from the float32 rows db_f32 [n, dim]
+ * and their quantization (db, db_scales from nexus_quantize_i8): out[2i] = |scale_i * db_i| (the dequantized row),
+ * out[2i+1] = |db_f32_i - scale_i * db_i| (its quantization residual), each rounded up to float32. */
+int32_t nexus_slb_row_norms(const int8_t *db, const float *db_scales, const float *db_f32, int64_t n, int32_t dim,
+                            float *out);
+
+/* Exact top-k of a float32 query: the rows with the k largest float32 dot products db_f32[i] . query (summed in
+ * float64), descending, ties to the lower index, equal to ranking the float32 vectors themselves. The INT8 scan
+ * shortlists: its top k are rescored exactly, and every other row whose INT8 score plus a bound on its quantization
+ * error (Cauchy-Schwarz over row_norms and the query's own residual) reaches their lowest exact score is rescored too.
+ * score_out holds the exact scores rounded to float32; n_rescored_out (may be NULL) the number of rows rescored. */
+int32_t nexus_slb_topk_exact(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
+                             int64_t n, int32_t dim, const float *query, int32_t k, int64_t *idx_out,
+                             float *score_out, int32_t *n_out, int64_t *n_rescored_out);
+
 /* Benchmark helper: run nexus_slb_topk n_reps times after n_warmup untimed runs, writing each run's wall time in
  * nanoseconds into ns_out[n_reps] (steady clock, measured inside the library: no FFI in the timing). */
 int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,

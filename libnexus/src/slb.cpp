@@ -6,7 +6,9 @@
 #include <chrono>
 #include <functional>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 // GCC 12 reports its own _mm512_undefined_* idiom inside the intrinsic headers as maybe-uninitialized.
@@ -445,6 +447,124 @@ void check_topk_args(const int8_t *db, int64_t n, int32_t dim, const int8_t *que
     if (!std::isfinite(query_scale)) invalid("query_scale must be finite");
 }
 
+// A float32 dot product in float64: each product of two floats is exact in float64, so the result is the exact dot
+// up to the roundings of the additions (far below any float32 difference). Eight partial sums (element j into sum
+// j % 8, combined in a fixed tree) keep the additions independent, so the loop is not one long dependency chain;
+// the order is the same on every machine.
+double dot_f64(const float *x, const float *y, int32_t dim) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t j = 0;
+    for (; j + 8 <= dim; j += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[j + l]) * static_cast<double>(y[j + l]);
+    for (int l = 0; j < dim; ++j, ++l) acc[l] += static_cast<double>(x[j]) * static_cast<double>(y[j]);
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// ||x - scale * q||_2 and ||scale * q||_2 of one quantized row, in float64 (the quantization residual and the
+// dequantized row): the two numbers the exact scan's error bound needs per row.
+void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, double *res, double *deq) {
+    double r2 = 0.0, d2 = 0.0;
+    for (int32_t j = 0; j < dim; ++j) {
+        const double dq = static_cast<double>(scale) * static_cast<double>(q[j]);
+        const double e = static_cast<double>(x[j]) - dq;
+        r2 += e * e;
+        d2 += dq * dq;
+    }
+    *res = std::sqrt(r2);
+    *deq = std::sqrt(d2);
+}
+
+// Exact top-k by float32 dot products (see nexus_slb_topk_exact). With x = x' + e (x' the dequantized row) and
+// y = y' + d (the query), x.y - x'.y' = x'.d + e.y' + e.d, so by Cauchy-Schwarz the INT8 score is off by at most
+// bound = |x'| |d| + |e| |y'| + |e| |d| (plus the float32 rounding of the INT8 score, covered by a relative slack).
+// The INT8 top-k rows are rescored exactly; their lowest exact score L is a floor under the true k-th best, so a row
+// whose INT8 score plus bound stays below L cannot be in the top k; every other row is rescored exactly.
+void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms, int64_t n,
+                    int32_t dim, const float *query, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out,
+                    int64_t *n_rescored, int32_t level) {
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> approx;
+    thread_local std::vector<uint8_t> done;
+    thread_local std::vector<std::pair<double, int64_t>> exact;
+    q.resize(static_cast<size_t>(dim));
+    const float qs = quantize_row(query, dim, 0, q.data());
+    double q_res = 0.0, q_deq = 0.0;
+    residual_norms(query, q.data(), qs, dim, &q_res, &q_deq);
+    const int32_t want = static_cast<int32_t>(std::min<int64_t>(k, n));
+    exact.clear();
+    if (want > 0) {
+        if (approx.size() < static_cast<size_t>(n)) approx.resize(static_cast<size_t>(n));
+        score_rows(db, db_scales, 0, n, dim, q.data(), qs, approx.data(), level);
+        done.assign(static_cast<size_t>(n), 0);
+        // the INT8 top k of the scores just computed: insertion into a sorted list, NaN as -inf; once it is full,
+        // a SIMD pass skips to the next row that beats its last entry
+        thread_local std::vector<Hit> top;
+        top.resize(static_cast<size_t>(want));
+        int32_t cnt = 0;
+        const auto insert = [&](int64_t j) {
+            const float key = std::isnan(approx[j]) ? -INFINITY : approx[j];
+            int32_t pos = cnt < want ? cnt++ : want - 1;
+            while (pos > 0 && key > top[pos - 1].key) {
+                top[pos] = top[pos - 1];
+                --pos;
+            }
+            top[pos] = Hit{key, approx[j], j};
+        };
+        int64_t j = 0;
+        for (; j < n && cnt < want; ++j) insert(j);
+        while ((j = next_above(approx.data(), j, n, top[want - 1].key, level)) < n) insert(j++);
+        double floor = INFINITY;
+        for (int32_t r = 0; r < cnt; ++r) {
+            const int64_t i = top[r].idx;
+            const double v = dot_f64(db_f32 + i * dim, query, dim);
+            exact.emplace_back(v, i);
+            done[i] = 1;
+            floor = std::min(floor, v);
+        }
+        // A SIMD pass finds the rows above a threshold that the largest bound of any row allows (with the margin
+        // that covers the slack below for every row it skips); only those get their own bound.
+        // the norms are >= 0, whose float order is their bits' integer order: an integer max the compiler vectorizes
+        uint32_t deq_bits = 0, res_bits = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            uint32_t d, r;
+            std::memcpy(&d, row_norms + 2 * i, 4);
+            std::memcpy(&r, row_norms + 2 * i + 1, 4);
+            deq_bits = std::max(deq_bits, d);
+            res_bits = std::max(res_bits, r);
+        }
+        float deq_max, res_max;
+        std::memcpy(&deq_max, &deq_bits, 4);
+        std::memcpy(&res_max, &res_bits, 4);
+        // (norms not from nexus_slb_row_norms, negative or NaN, turn the shortcut off: every row gets its own test)
+        const double bound_max = deq_max >= 0.0f && res_max >= 0.0f
+                                     ? deq_max * q_res + res_max * q_deq + res_max * q_res
+                                     : INFINITY;
+        const double margin = 3e-5 * (std::fabs(floor) + bound_max + 1.0);
+        float thr = static_cast<float>(floor - bound_max - margin);
+        if (static_cast<double>(thr) > floor - bound_max - margin) thr = std::nextafter(thr, -INFINITY);
+        for (int64_t i = next_above(approx.data(), 0, n, thr, level); i < n;
+             i = next_above(approx.data(), i + 1, n, thr, level)) {
+            if (done[i]) continue;
+            const double deq = row_norms[2 * i], res = row_norms[2 * i + 1];
+            const double a = static_cast<double>(approx[i]);
+            const double bound = deq * q_res + res * q_deq + res * q_res;
+            // slack: the float32 rounding of the INT8 score and of the stored norms (relative 1e-6 is ~8 ulps)
+            const double slack = 1e-6 * (std::fabs(a) + bound + std::fabs(floor)) + 1e-30;
+            if (!(a + bound + slack < floor)) exact.emplace_back(dot_f64(db_f32 + i * dim, query, dim), i);
+        }
+        std::sort(exact.begin(), exact.end(), [](const auto &x, const auto &y) {
+            const double kx = std::isnan(x.first) ? -INFINITY : x.first, ky = std::isnan(y.first) ? -INFINITY : y.first;
+            return kx > ky || (kx == ky && x.second < y.second);
+        });
+    }
+    for (int32_t r = 0; r < want; ++r) {
+        idx_out[r] = exact[r].second;
+        score_out[r] = static_cast<float>(exact[r].first);
+    }
+    *n_out = want;
+    if (n_rescored) *n_rescored = static_cast<int64_t>(exact.size());
+}
+
 }  // namespace
 
 void slb_dots_level(const int8_t *db, int64_t n, int32_t dim, const int8_t *query, int32_t *out, int32_t level) {
@@ -514,6 +634,47 @@ int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t 
         q.resize(static_cast<size_t>(dim));
         const float qs = quantize_row(query, dim, 0, q.data());
         tool_scores_run(db, db_scales, n, dim, q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
+    });
+}
+
+int32_t nexus_slb_row_norms(const int8_t *db, const float *db_scales, const float *db_f32, int64_t n, int32_t dim,
+                            float *out) {
+    return guard([&] {
+        check_dims(n, dim);
+        if (n == 0) return;
+        require_ptr(db, "db");
+        require_ptr(db_scales, "db_scales");
+        require_ptr(db_f32, "db_f32");
+        require_ptr(out, "out");
+        for (int64_t i = 0; i < n; ++i) {
+            double res = 0.0, deq = 0.0;
+            residual_norms(db_f32 + i * dim, db + i * dim, db_scales[i], dim, &res, &deq);
+            if (!std::isfinite(res) || !std::isfinite(deq)) invalid("row " + std::to_string(i) + " is not finite");
+            // rounded up, so the float32 copy never understates the bound
+            out[2 * i] = std::nextafter(static_cast<float>(deq), INFINITY);
+            out[2 * i + 1] = std::nextafter(static_cast<float>(res), INFINITY);
+        }
+    });
+}
+
+int32_t nexus_slb_topk_exact(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
+                             int64_t n, int32_t dim, const float *query, int32_t k, int64_t *idx_out,
+                             float *score_out, int32_t *n_out, int64_t *n_rescored_out) {
+    return guard([&] {
+        check_dims(n, dim);
+        if (n > 0) {
+            require_ptr(db, "db");
+            require_ptr(db_scales, "db_scales");
+            require_ptr(db_f32, "db_f32");
+            require_ptr(row_norms, "row_norms");
+        }
+        require_ptr(query, "query");
+        if (k < 1) invalid("k must be >= 1, got " + std::to_string(k));
+        require_ptr(idx_out, "idx_out");
+        require_ptr(score_out, "score_out");
+        require_ptr(n_out, "n_out");
+        topk_exact_run(db, db_scales, db_f32, row_norms, n, dim, query, k, idx_out, score_out, n_out, n_rescored_out,
+                       simd_level());
     });
 }
 

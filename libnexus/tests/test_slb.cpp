@@ -3,6 +3,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -172,6 +173,55 @@ int main() {
                                         out.data()), NEXUS_ERR_INVALID, "from 0 to n");
         CHECK_ERR(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), n_tools, -1, 0.0f,
                                         out.data()), NEXUS_ERR_INVALID, "floor_k must be >= 0");
+    }
+    // exact top-k: equals a brute-force float64 ranking of the float32 rows on every level, k past n included
+    {
+        const int64_t n = 203;
+        const int32_t dim = 97;
+        std::vector<float> x(n * dim), qf(dim);
+        for (auto &v : x) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+        for (int j = 0; j < dim; ++j) x[17 * dim + j] = x[3 * dim + j] + 1e-5f * static_cast<float>(rng.uniform());
+        for (int j = 0; j < dim; ++j) x[88 * dim + j] = x[3 * dim + j];  // an exact tie with row 3
+        std::vector<int8_t> db(n * dim);
+        std::vector<float> scales(n), norms(2 * n);
+        CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+        CHECK_OK(nexus_slb_row_norms(db.data(), scales.data(), x.data(), n, dim, norms.data()));
+        for (int trial = 0; trial < 20; ++trial) {
+            for (int j = 0; j < dim; ++j)
+                qf[j] = trial == 0 ? x[3 * dim + j] : static_cast<float>(rng.uniform() * 2.0 - 1.0);
+            std::vector<std::pair<double, int64_t>> want(n);
+            for (int64_t i = 0; i < n; ++i) {
+                double d = 0.0;
+                for (int j = 0; j < dim; ++j) d += double{x[i * dim + j]} * double{qf[j]};
+                want[i] = {d, i};
+            }
+            std::sort(want.begin(), want.end(), [](const auto &a, const auto &b) {
+                return a.first > b.first || (a.first == b.first && a.second < b.second);
+            });
+            for (int32_t k : {1, 5, 70, 300}) {
+                const int32_t m = std::min<int32_t>(k, static_cast<int32_t>(n));
+                for (int32_t level : levels) {
+                    CHECK_OK(nexus_simd_set_level(level));
+                    std::vector<int64_t> idx(m);
+                    std::vector<float> sc(m);
+                    int32_t got = 0;
+                    int64_t rescored = 0;
+                    CHECK_OK(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), norms.data(), n, dim, qf.data(),
+                                                  k, idx.data(), sc.data(), &got, &rescored));
+                    bool same = got == m && rescored >= m && rescored <= n;
+                    for (int32_t r = 0; r < m && same; ++r)
+                        same = idx[r] == want[r].second && sc[r] == static_cast<float>(want[r].first);
+                    CHECK(same);
+                }
+            }
+        }
+        std::vector<int64_t> idx(1);
+        std::vector<float> sc(1);
+        int32_t got = 0;
+        CHECK_ERR(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), norms.data(), n, dim, qf.data(), 0,
+                                       idx.data(), sc.data(), &got, nullptr), NEXUS_ERR_INVALID, "k must be >= 1");
+        CHECK_ERR(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), nullptr, n, dim, qf.data(), 1, idx.data(),
+                                       sc.data(), &got, nullptr), NEXUS_ERR_INVALID, "row_norms");
     }
     CHECK_OK(nexus_simd_set_level(saved));
     return finish("test_slb");

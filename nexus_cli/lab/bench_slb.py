@@ -8,8 +8,11 @@ Per database size N (dim 384, random unit vectors, fixed seed), it measures the 
   - numpy_i8:   the natural NumPy INT8 approach. NumPy has no int8 x int8 -> int32 product (an int8 matmul
                 accumulates in int8 and overflows), so the database is widened to int32 once, outside the timing,
                 and each query is widened and multiplied with np.dot (integer matmul: no BLAS), then ranked the same way.
+  - exact:      the exact top-k from Python (kernels.SlbExactScanner.topk: the INT8 scan shortlists, float32 dot
+                products decide; nexus_slb_topk_exact), with how many rows it rescored.
 While timing it checks its own results: the native top-k must equal reference.slb_topk exactly for every checked
-query, and it reports the top-1 agreement of the INT8 scan with the exact float32 ranking over many random queries.
+query, the exact top-k reference.slb_topk_exact, and it reports the top-1 agreement of the INT8 scan and of the
+exact scan with the float32 ranking (NumPy's argmax of db @ q) over many random queries.
 """
 
 from __future__ import annotations
@@ -122,13 +125,27 @@ def measure_size(n: int, dim: int, reps: int, seed: int, progress=None) -> tuple
     if progress:
         progress.advance(f"N={n} numpy i8")
 
-    agree = 0
+    exact = kernels.SlbExactScanner(db_f, k)
+    for i in range(min(N_VERIFY, N_QUERIES)):
+        idx, sc = exact.topk(queries_f[i])
+        ridx, rsc = reference.slb_topk_exact(db_f, queries_f[i], k)
+        if not (np.array_equal(idx, ridx) and np.array_equal(sc, rsc)):
+            raise NexusError(f"slb bench: exact top-{k} differs from the float64 reference at N={n}, query {i}")
+    exact_ns = _time_calls(lambda: exact.topk(qf0), n_warm, n_reps)
+    if progress:
+        progress.advance(f"N={n} exact")
+
+    agree = agree_exact = 0
+    rescored = []
     for i in range(N_QUERIES):
         top_i8 = scanner.topk(qq[i], float(qs[i]))[0][0]
         top_f32 = int(np.argmax(db_f @ queries_f[i]))
         agree += int(top_i8 == top_f32)
+        agree_exact += int(exact.topk(queries_f[i])[0][0] == top_f32)
+        rescored.append(exact.last_rescored)
 
     cpp, py, f32, i8 = summarize(cpp_ns), summarize(py_ns), summarize(f32_ns), summarize(i8_ns)
+    ex = summarize(exact_ns)
     row = {
         "n": n,
         "dim": dim,
@@ -139,13 +156,17 @@ def measure_size(n: int, dim: int, reps: int, seed: int, progress=None) -> tuple
         "numpy_f32_us_p50": f32["p50"],
         "numpy_i8_us_p50": i8["p50"],
         "top1_agreement": agree / N_QUERIES,
+        "exact_us_p50": ex["p50"],
+        "exact_top1_agreement": agree_exact / N_QUERIES,
+        "exact_rescored_median": float(np.median(rescored)),
+        "exact_rescored_max": int(max(rescored)),
         "n_queries_agreement": N_QUERIES,
         "verified_queries": min(N_VERIFY, N_QUERIES),
         "speedup_cpp_vs_numpy_f32": f32["p50"] / cpp["p50"] if cpp["p50"] > 0 else None,
-        "summary_us": {"cpp": cpp, "python": py, "numpy_f32": f32, "numpy_i8": i8},
+        "summary_us": {"cpp": cpp, "python": py, "numpy_f32": f32, "numpy_i8": i8, "exact": ex},
     }
     samples = {"cpp_ns": cpp_ns.tolist(), "python_ns": py_ns.tolist(), "numpy_f32_ns": f32_ns.tolist(),
-               "numpy_i8_ns": i8_ns.tolist()}
+               "numpy_i8_ns": i8_ns.tolist(), "exact_ns": exact_ns.tolist()}
     return row, samples
 
 
@@ -158,7 +179,7 @@ def run(sizes=DEFAULT_SIZES, dim: int = DEFAULT_DIM, reps: int = DEFAULT_REPS, s
                               "n_verify": N_VERIFY, "data": "random unit vectors (standard normal, L2-normalized)"},
                seed=seed)
     if progress:
-        progress.set_total(4 * len(sizes))
+        progress.set_total(5 * len(sizes))
     rows, samples = [], {}
     for n in sizes:
         row, smp = measure_size(n, dim, reps, seed, progress)

@@ -4,7 +4,8 @@
 
 Full: the main model (qwen2.5-0.5b) with the paper's parameters, into results/, then the fidelity suites again on a
 second model family with the other RoPE type (SmolLM2-135M, NORM; `deep-splice:smollm2-135m`, ..., written as that
-suite's variant: results/<suite>/latest-smollm2-135m.json). Quick: the CI smoke variant of each
+suite's variant: results/<suite>/latest-smollm2-135m.json), and the gate and dkl sweeps on the arguments model,
+Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`). Quick: the CI smoke variant of each
 suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), into .nexus/results-quick/ so the
 committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
 exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
@@ -40,7 +41,10 @@ from .results import environment, write_json_doc
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
-ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning", *SECOND_FAMILY_SUITES]
+LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
+LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl")]
+ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning", *SECOND_FAMILY_SUITES,
+         *LARGER_MODEL_SUITES]
 SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
                "embedder": "minilm"}
 POISONING_QUICK = {"attacks": ("instructions", "shadow-exact"), "reranker": "none", "max_queries": 20}
@@ -110,9 +114,9 @@ def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] 
     unknown = [s for s in only + sorted(skip) if s not in ORDER]
     if unknown:
         raise UsageError(f"unknown suite(s) {', '.join(unknown)} (known: {', '.join(ORDER)})")
-    # quick runs are on SmolLM2 already: the second family's suites would repeat them
+    # quick runs are on SmolLM2 already: the other models' suites would repeat them
     suites = [s for s in ORDER if (not only or s in only) and s not in skip
-              and not (quick and s in SECOND_FAMILY_SUITES)]
+              and not (quick and s in SECOND_FAMILY_SUITES + LARGER_MODEL_SUITES)]
     t_all = time.perf_counter()
     report = {"quick": quick, "out": str(out), "suites": {}}
     failed = 0

@@ -88,8 +88,10 @@ def train(out: Path, epochs: int, budget: float, rounds: int = RECIPE["rounds"],
 
 
 def sweep(grid_file: Path, out: Path, device: str, deadline_s: float, base: str = BASE,
-          registries: Path = REGISTRIES, export_to: Path | None = None) -> dict:
-    """Train every recipe of the grid and score it on the dev part, retriever alone; export the best."""
+          registries: Path = REGISTRIES, export_to: Path | None = None, queries: list[str] | None = None) -> dict:
+    """Train every recipe of the grid and score it on the dev part, retriever alone; export the best. With `queries`
+    (request files), the dev part is scored on those requests (the ones whose gold tool is a dev server's) as well as
+    on its own example requests, and the best is chosen on them."""
     from nexus_cli.lab import bench_lso
 
     grid = json.loads(Path(grid_file).read_text())["recipes"]
@@ -114,9 +116,15 @@ def sweep(grid_file: Path, out: Path, device: str, deadline_s: float, base: str 
         row = {"name": name, "recipe": info["recipe"], "train_seconds": info["seconds"],
                "dev_seconds": round(time.time() - t1, 1), "n": summ["n"],
                "top1": summ["top1"], "top3": summ["top3"], "follow_up_top1": summ["follow_up_top1"]}
+        if queries:
+            written = bench_lso.run(part="dev", embedder=str(out / name / "embedder"), reranker="none",
+                                    registry_dir=str(registries), queries=list(queries), write=False)["summary"]
+            row["examples"] = {k: row.pop(k) for k in ("n", "top1", "top3", "follow_up_top1")}
+            row.update(queries=list(queries), n=written["n"], top1=written["top1"], top3=written["top3"],
+                       follow_up_top1=written["follow_up_top1"])
         atomic_write_json(done, row)
         rows.append(row)
-        print(f"{name}: dev top-1 {100 * summ['top1']['value']:.1f} %, top-3 {100 * summ['top3']['value']:.1f} %"
+        print(f"{name}: dev top-1 {100 * row['top1']['value']:.1f} %, top-3 {100 * row['top3']['value']:.1f} %"
               f" (train {info['seconds']:.0f} s)", file=sys.stderr, flush=True)
     scored = [r for r in rows if "top1" in r]
     best = max(scored, key=lambda r: (r["top1"]["value"], r["top3"]["value"])) if scored else None
@@ -269,6 +277,8 @@ def main(argv=None) -> int:
     w.add_argument("--out", default=str(ROOT / ".nexus" / "router-sweep"))
     w.add_argument("--deadline", type=float, default=420.0, help="start no recipe after this many seconds")
     w.add_argument("--export", default=None, help="export the best recipe's model to this folder")
+    w.add_argument("--queries", action="append", default=None,
+                   help="score the dev part on these request files too, and choose on them (repeatable)")
     f = sub.add_parser("base-fp16", help="write all-MiniLM-L6-v2 rounded to float16 (the GPU recipes' base)")
     f.add_argument("dst")
     e = sub.add_parser("export")
@@ -281,7 +291,7 @@ def main(argv=None) -> int:
                                a.n_hard, a.device, a.base, Path(a.registries)), indent=1))
     elif a.cmd == "sweep":
         print(json.dumps(sweep(Path(a.grid), Path(a.out), a.device, a.deadline, a.base, Path(a.registries),
-                               Path(a.export) if a.export else None), indent=1))
+                               Path(a.export) if a.export else None, a.queries), indent=1))
     elif a.cmd == "base-fp16":
         print(json.dumps(base_fp16(Path(a.dst)), indent=1))
     else:

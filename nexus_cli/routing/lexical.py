@@ -3,44 +3,50 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 
 class BM25:
-    """Okapi BM25 over per-tool token lists (k1=1.2, b=0.75). Scores all tools for a query in O(query postings)."""
+    """Okapi BM25 over per-tool token lists (k1=1.2, b=0.75).
+
+    A token's postings (the tools that hold it, with their term weights) and its idf are found when a query first
+    uses it, by counting it in every tool's list, and kept: a one-shot route reads a handful of tokens, and building
+    every token's postings up front was 60 % of loading a 955-tool index (80 of 133 ms); a warm router soon holds
+    the tokens its requests use."""
 
     def __init__(self, docs: Sequence[Sequence[str]], k1: float = 1.2, b: float = 0.75):
         self.n = len(docs)
         self.k1, self.b = k1, b
-        lens = np.asarray([len(d) for d in docs], dtype=np.float64)
+        self._docs = [list(d) for d in docs]
+        lens = np.asarray([len(d) for d in self._docs], dtype=np.float64)
         self.avgdl = float(lens.mean()) if self.n else 1.0
-        self.postings: dict[str, list[tuple[int, float]]] = {}
-        norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
-        for i, d in enumerate(docs):
-            for tok, tf in Counter(d).items():
-                w = tf * (k1 + 1) / (tf + norm[i])
-                self.postings.setdefault(tok, []).append((i, w))
-        self.idf = {t: math.log(1 + (self.n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
-        # a token's postings as arrays, made when a query first uses it: a one-shot route reads a handful of tokens,
-        # and converting every token's list up front was a quarter of loading a 955-tool index
-        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
+        self._cache: dict[str, tuple[np.ndarray, np.ndarray, float] | None] = {}
 
     def _postings(self, tok: str):
-        arr = self._arrays.get(tok)
-        if arr is None:
-            p = self.postings.get(tok)
-            if p is None:
-                return None
-            arr = self._arrays[tok] = (np.asarray([i for i, _ in p], dtype=np.int64), np.asarray([w for _, w in p]))
-        return arr
+        """(tool indices, term weights, idf) of a token, or None when no tool holds it."""
+        if tok in self._cache:
+            return self._cache[tok]
+        k1 = self.k1
+        idx, w = [], []
+        for i, d in enumerate(self._docs):
+            tf = d.count(tok)
+            if tf:
+                idx.append(i)
+                w.append(tf * (k1 + 1) / (tf + self._norm[i]))
+        entry = None
+        if idx:
+            idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
+            entry = (np.asarray(idx, dtype=np.int64), np.asarray(w, dtype=np.float64), idf)
+        self._cache[tok] = entry
+        return entry
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float64)
         for tok in set(tokens):
-            arr = self._postings(tok)
-            if arr is not None:
-                out[arr[0]] += self.idf[tok] * arr[1]
+            entry = self._postings(tok)
+            if entry is not None:
+                out[entry[0]] += entry[2] * entry[1]
         return out

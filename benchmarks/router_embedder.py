@@ -159,12 +159,18 @@ intervals (`nexus bench routing-lso --part PART --embedder E --reranker R`).
 """
 
 
-def base_fp16(dst: Path) -> dict:
-    """all-MiniLM-L6-v2 with its weights rounded to float16, the base the GPU recipes start from (the GPU machine
-    takes at most 64 MiB of files; training runs in float32 either way)."""
+def save_fp16(src: Path, dst: Path) -> None:
+    """A safetensors file's weights rounded to float16, written to dst."""
     import torch
     from safetensors.torch import load_file, save_file
 
+    weights = load_file(str(src))
+    save_file({k: v.to(torch.float16).contiguous() for k, v in weights.items()}, str(dst), metadata={"format": "pt"})
+
+
+def base_fp16(dst: Path) -> dict:
+    """all-MiniLM-L6-v2 with its weights rounded to float16, the base the GPU recipes start from (the GPU machine
+    takes at most 64 MiB of files; training runs in float32 either way)."""
     from nexus_cli.models import resolve_model
 
     src = resolve_model(BASE, kind="embedder")
@@ -175,9 +181,7 @@ def base_fp16(dst: Path) -> dict:
             if p.is_file() and p.suffix in (".json", ".txt") and not p.name.startswith("data_config"):
                 (tmp / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(p, tmp / p.relative_to(src))
-        weights = load_file(str(src / "model.safetensors"))
-        save_file({k: v.to(torch.float16).contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_fp16(src / "model.safetensors", tmp / "model.safetensors")
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)
     except BaseException:
@@ -214,9 +218,6 @@ def figure_rows(files: list[Path]) -> str:
 
 
 def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
-    import torch
-    from safetensors.torch import load_file, save_file
-
     src, dst = Path(src), Path(dst)
     record = json.loads((src / "nexus-finetune.json").read_text())
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -228,9 +229,7 @@ def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
                 continue
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(p, tmp / rel)
-        weights = load_file(str(src / "model.safetensors"))
-        save_file({k: v.to(torch.float16).contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_fp16(src / "model.safetensors", tmp / "model.safetensors")
         os.chmod(tmp / "model.safetensors", 0o644)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model ships with the repository
         digest = sha256_file(tmp / "model.safetensors")

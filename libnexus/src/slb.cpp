@@ -238,6 +238,17 @@ struct Hit {
 
 inline bool better(const Hit &a, const Hit &b) { return a.key > b.key || (a.key == b.key && a.idx < b.idx); }
 
+// Insert h into top[0..cnt), kept best first; rows arrive in index order, so an equal key stays behind the earlier
+// row. Once cnt == k the last entry drops out (callers insert only a key above it).
+inline void insert_sorted(Hit *top, int32_t &cnt, int32_t k, const Hit &h) {
+    int32_t pos = cnt < k ? cnt++ : k - 1;
+    while (pos > 0 && h.key > top[pos - 1].key) {
+        top[pos] = top[pos - 1];
+        --pos;
+    }
+    top[pos] = h;
+}
+
 // scores[j] = ((float)dots[j] * scale[j]) * qs: one expression on every path (vector int->float conversion and
 // multiplies round exactly like the scalar ones), so the ranking cannot depend on the SIMD level.
 void score_scalar(const int32_t *dots, const float *scales, float qs, int64_t m, float *out) {
@@ -324,24 +335,11 @@ void topk_small(const int8_t *db, const float *db_scales, int64_t begin, int64_t
         score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, scores, level);
         int64_t j = 0;
         // filling: every row goes in (NaN as -inf)
-        for (; j < m && cnt < k; ++j) {
-            const float key = std::isnan(scores[j]) ? -INFINITY : scores[j];
-            int32_t pos = cnt++;
-            while (pos > 0 && key > top[pos - 1].key) {
-                top[pos] = top[pos - 1];
-                --pos;
-            }
-            top[pos] = Hit{key, scores[j], b + j};
-        }
+        for (; j < m && cnt < k; ++j)
+            insert_sorted(top, cnt, k, Hit{std::isnan(scores[j]) ? -INFINITY : scores[j], scores[j], b + j});
         // full: only a strictly higher score enters (rows come in index order, so ties keep the lower index)
         while (cnt == k && (j = next_above(scores, j, m, top[k - 1].key, level)) < m) {
-            const float key = scores[j];
-            int32_t pos = k - 1;
-            while (pos > 0 && key > top[pos - 1].key) {
-                top[pos] = top[pos - 1];
-                --pos;
-            }
-            top[pos] = Hit{key, key, b + j};
+            insert_sorted(top, cnt, k, Hit{scores[j], scores[j], b + j});
             ++j;
         }
     }
@@ -502,13 +500,7 @@ void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f3
         top.resize(static_cast<size_t>(want));
         int32_t cnt = 0;
         const auto insert = [&](int64_t j) {
-            const float key = std::isnan(approx[j]) ? -INFINITY : approx[j];
-            int32_t pos = cnt < want ? cnt++ : want - 1;
-            while (pos > 0 && key > top[pos - 1].key) {
-                top[pos] = top[pos - 1];
-                --pos;
-            }
-            top[pos] = Hit{key, approx[j], j};
+            insert_sorted(top.data(), cnt, want, Hit{std::isnan(approx[j]) ? -INFINITY : approx[j], approx[j], j});
         };
         int64_t j = 0;
         for (; j < n && cnt < want; ++j) insert(j);

@@ -1,7 +1,7 @@
 """Second-stage signals for routing over servers the router never saw, dumped per request so fusions can be compared
 offline on the leave-servers-out dev part and then checked once on the test part.
 
-    python benchmarks/rerank_features.py dump --part dev [--k 5] [--max-queries N]
+    python benchmarks/rerank_features.py dump --part dev [--queries FILE] [--k 5] [--max-queries N] [--choosers ...]
     python benchmarks/rerank_features.py fuse results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
@@ -51,25 +51,28 @@ def choice_scorer(model: str, k: int) -> LLMReranker:
     return LLMReranker(LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k))
 
 
-def part_queries(part: str, keys: set[str]) -> list[dict]:
-    if part == "dev":
+def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> list[dict]:
+    if files:
+        qs = [q for f in files for q in load_queries(Path(f))]
+    elif part == "dev":
         qs = dev_requests(part_servers(part))
     else:
         qs = [q for f in TEST_QUERIES if f.is_file() for q in load_queries(f)]
     return [q for q in qs if gold_keys(q) & keys]
 
 
-def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str) -> Path:
+def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
+         queries: list[str] | None = None) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
-    qs = part_queries(part, {t.key for t in tools})[::stride][:max_queries]
+    qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
     emb = Embedder(DEFAULT_EMBEDDER)
     router = Router(_index_for(tools, emb), RouterConfig(reranker="none", prefix_store=False), embedder=emb)
     index = router.index
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    run = Run(SUITE, dict(part=part, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
+    run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools)),
               models={"embedder": model_identity(DEFAULT_EMBEDDER, kind="embedder"),
@@ -147,12 +150,15 @@ def main() -> None:
     d.add_argument("--max-queries", type=int, default=None)
     d.add_argument("--stride", type=int, default=1, help="every N-th request (the requests are grouped by tool)")
     d.add_argument("--choosers", default="choice15", help=f"comma-separated, of {sorted(CHOOSERS)}")
+    d.add_argument("--queries", action="append", default=None,
+                   help="a request file (repeatable); by default the part's requests as `nexus bench routing-lso` reads them")
     d.add_argument("--out", default="results")
     f = sub.add_parser("fuse")
     f.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
-        print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out))
+        print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
+                   a.queries))
     else:
         fuse(Path(a.file))
 

@@ -183,10 +183,16 @@ def interchangeable_groups(tools: Sequence[Any]) -> list[list[int]]:
     and benchmarks report accuracy with and without counting an interchangeable pick as right.
 
     Works on anything with .name, .description and .input_schema (registry Tools, index entries)."""
-    by_identity: dict[str, list[int]] = {}
+    by_name: dict[str, list[int]] = {}
     for i, t in enumerate(tools):
-        by_identity.setdefault(_identity(t), []).append(i)
-    return [g for g in by_identity.values() if len(g) > 1]
+        by_name.setdefault(t.name, []).append(i)
+    by_identity: dict[str, list[int]] = {}
+    for same_name in by_name.values():  # copies share their name, so only such tools need the full comparison
+        if len(same_name) > 1:
+            for i in same_name:
+                by_identity.setdefault(_identity(tools[i]), []).append(i)
+    groups = [g for g in by_identity.values() if len(g) > 1]
+    return sorted(groups, key=lambda g: g[0])
 
 
 def interchangeable_map(tools: Sequence[Any]) -> dict[int, tuple[int, ...]]:

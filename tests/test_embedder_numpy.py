@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nexus_cli.adapters.embedder import Embedder, NumpyBertEncoder, numpy_unsupported_reason, query_embedder
+from nexus_cli.adapters.embedder import (Embedder, NumpyBertEncoder, numpy_unsupported_reason, query_embedder,
+                                         read_safetensors)
 from nexus_cli.errors import ModelError
 from nexus_cli.models import resolve_model
 from nexus_cli.registry import load_registries
@@ -113,6 +114,26 @@ def _edit(path: Path, **changes) -> None:
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.update(changes)
     path.write_text(json.dumps(data))
+
+
+def test_mapped_safetensors_equal_the_library_reader_and_refuse_damage(tmp_path):
+    """read_safetensors (a memory map, nothing copied) gives every tensor of the shipped router embedder as
+    safetensors.numpy does, bit for bit; a cut or garbled file is refused with one ModelError."""
+    from safetensors.numpy import load_file
+
+    path = resolve_model("nexus-router", kind="embedder") / "model.safetensors"
+    mapped, loaded = read_safetensors(path), load_file(str(path))
+    assert sorted(mapped) == sorted(loaded)
+    for name, arr in loaded.items():
+        assert mapped[name].dtype == arr.dtype and mapped[name].shape == arr.shape, name
+        np.testing.assert_array_equal(mapped[name], arr)
+    data = path.read_bytes()
+    for label, damaged in {"cut": data[: len(data) // 2], "header": data[:8] + b"{not json" + data[17:],
+                           "length": (10**12).to_bytes(8, "little") + data[8:]}.items():
+        bad = tmp_path / f"{label}.safetensors"
+        bad.write_bytes(damaged)
+        with pytest.raises(ModelError, match="cannot read"):
+            read_safetensors(bad)
 
 
 def test_numpy_encoder_refuses_models_it_does_not_implement(minilm_path, tmp_path):

@@ -509,6 +509,19 @@ def test_layer_norm_matches_reference():
             assert np.allclose(got, reference.layer_norm(x, g, b, 1e-12, res), atol=2e-6, rtol=1e-6)
 
 
+def test_panels_from_pytorch_rows_equal_panels_of_the_transpose():
+    """pack_f16_panels_rows (the encoder's load path: Linear weights as stored, side by side) writes exactly what
+    pack_f16_panels writes for their concatenation's transpose, also when a layer is not a whole number of panels."""
+    rng = np.random.default_rng(7)
+    for shapes in ([(384, 384)] * 3, [(1536, 384)], [(128, 16), (64, 16), (5, 16)], [(100, 8), (64, 8)], [(3, 4)]):
+        ws = [rng.standard_normal(s).astype(np.float16) for s in shapes]
+        got = kernels.pack_f16_panels_rows(ws)
+        assert got.dtype == np.float16 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, kernels.pack_f16_panels(np.concatenate(ws).T))
+    with pytest.raises(UsageError):
+        kernels.pack_f16_panels_rows([np.zeros((64, 4), np.float16), np.zeros((64, 5), np.float16)])
+
+
 def test_linear_and_layer_norm_errors():
     w = np.zeros((4, 3), np.float16)
     with pytest.raises(UsageError, match="shape \\[..., 4\\]"):

@@ -164,11 +164,49 @@ class Embedder:
         return _unit_rows(v)[0]
 
 
+# safetensors dtype names -> NumPy (bfloat16 has no NumPy type: such a file is refused with its name)
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+                       "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors as read-only arrays over one memory map: nothing is copied, so a one-shot
+    process reads only the pages it touches (safetensors.numpy.load_file copies all 45 MB of the router embedder).
+
+    The format: an unsigned little-endian 64-bit header length N, N bytes of JSON mapping each tensor name to
+    {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the data that follows the header; an optional
+    "__metadata__" entry holds strings), then the tensors' bytes, row-major and little-endian."""
+    path = Path(path)
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        n = int(raw[:8].view("<u8")[0])
+        if not 0 < n <= raw.size - 8:
+            raise ValueError(f"header length {n} does not fit a file of {raw.size} bytes")
+        header = json.loads(bytes(raw[8:8 + n]).decode("utf-8"))
+        data = raw[8 + n:]
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ValueError(f"tensor {name} has dtype {info['dtype']}, which this reader does not take")
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = tuple(int(x) for x in info["shape"])
+            dt = np.dtype(dtype).newbyteorder("<")
+            if not 0 <= begin <= end <= data.size or end - begin != dt.itemsize * int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"tensor {name}: offsets {begin}..{end} do not hold {info['dtype']} {list(shape)}")
+            out[name] = data[begin:end].view(dt).reshape(shape)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"cannot read {path}: {e}") from None
+
+
 class NumpyBertEncoder:
     """Request embeddings of a sentence-transformers BERT model (Transformer → mean Pooling → Normalize, no prompts,
     e.g. all-MiniLM-L6-v2 and the router embedders `nexus index --finetune` writes) computed in NumPy, float32.
 
-    It reads what sentence-transformers reads: config.json, model.safetensors (through safetensors.numpy), the fast
+    It reads what sentence-transformers reads: config.json, model.safetensors (mapped, read_safetensors), the fast
     tokenizer's tokenizer.json (through `tokenizers`), the maximum sequence length, and runs BertModel's forward pass
     (embeddings + LayerNorm, then per layer: self-attention with padded keys masked, output projection + residual +
     LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the masked mean over tokens and L2
@@ -189,10 +227,9 @@ class NumpyBertEncoder:
         self.prompts: dict[str, str] = {}
         self.max_length = _max_seq_length(self.path, cfg)
         try:
-            from safetensors.numpy import load_file
             from tokenizers import Tokenizer
 
-            weights = load_file(str(self.path / "model.safetensors"))
+            weights = read_safetensors(self.path / "model.safetensors")
             self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         except Exception as e:  # noqa: BLE001 - a broken model folder must become one clear line
             raise ModelError(f"cannot load the embedder from {self.path}: {type(e).__name__}: {e}") from None
@@ -216,10 +253,11 @@ class NumpyBertEncoder:
 
         def dense(a: str, names: Sequence[str], act: str | None = None):
             """The Linear layers `names` of prefix a as one layer (their outputs side by side): x -> act(x @ W + b)."""
-            wt = np.concatenate([raw(a + f"{x}.weight") for x in names]).T  # [in, out]
             bias = np.concatenate([w(a + f"{x}.bias") for x in names])
             if half:
-                return kernels.LinearF16.from_weight(wt, bias, act)
+                weights_out_in = [raw(a + f"{x}.weight") for x in names]
+                return kernels.LinearF16(kernels.pack_f16_panels_rows(weights_out_in), len(bias), bias, act)
+            wt = np.concatenate([raw(a + f"{x}.weight") for x in names]).T  # [in, out]
             wt = np.ascontiguousarray(wt, dtype=np.float32)
             return (lambda x: _gelu(x @ wt + bias)) if act == "gelu" else (lambda x: x @ wt + bias)
 

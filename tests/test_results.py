@@ -129,3 +129,16 @@ def test_a_run_on_another_model_is_a_variant_beside_the_main_figures(tmp_path):
     assert results.load_latest(tmp_path, "unit-suite")["summary"] == main["summary"] == {"x": 1}
     assert results.load_latest(tmp_path, "unit-suite", "smollm2-135m")["summary"] == {"x": 2}
     assert results.variants(tmp_path, "unit-suite") == ["smollm2-135m"] and (folder / "latest-smollm2-135m.json").is_file()
+
+
+def test_the_latency_baseline_gets_the_packages_its_commit_pins():
+    """`nexus bench latency` runs the baseline commit's one-shot route with the packages that commit's pyproject.toml
+    pins where this environment differs (lab.bench_latency.unsatisfied picks them)."""
+    from importlib.metadata import version
+
+    from nexus_cli.lab.bench_latency import unsatisfied
+
+    numpy_now = version("numpy")
+    assert unsatisfied([f"numpy=={numpy_now}", "numpy>=1"]) == []
+    assert unsatisfied([f"numpy!={numpy_now}"]) == [f"numpy!={numpy_now}"]
+    assert unsatisfied(["no-such-package-for-nexus==1.0"]) == ["no-such-package-for-nexus==1.0"]

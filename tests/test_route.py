@@ -514,13 +514,13 @@ def test_interchangeable_tools_do_not_make_the_gate_escalate(tmp_path, embedder)
 def test_arguments_that_fail_validation_come_back_null_with_the_reason(router, monkeypatch):
     """A final failure is never passed off as arguments: `{}` or a partial object that fails the schema becomes null,
     the reasons in args_error (nexus route then exits 1)."""
+    import nexus_cli.arguments as arguments_pkg  # the router imports generate_arguments from it at call time
     from nexus_cli.arguments.pipeline import ArgsResult
-    from nexus_cli.routing import router as router_mod
 
     def failing(*_a, **_k):
         return ArgsResult(arguments={}, raw="{}", valid=False, errors=["missing required 'owner'"])
 
-    monkeypatch.setattr(router_mod, "generate_arguments", failing)
+    monkeypatch.setattr(arguments_pkg, "generate_arguments", failing)
     monkeypatch.setattr(router, "llm", lambda: None)
     monkeypatch.setattr(router, "argument_prefixes", lambda: None)
     d = router.route("close issue 7 in acme/web").as_json()
@@ -529,7 +529,7 @@ def test_arguments_that_fail_validation_come_back_null_with_the_reason(router, m
     def fine(*_a, **_k):
         return ArgsResult(arguments={"owner": "acme", "repo": "web", "issue_number": 7}, raw="", valid=True)
 
-    monkeypatch.setattr(router_mod, "generate_arguments", fine)
+    monkeypatch.setattr(arguments_pkg, "generate_arguments", fine)
     d = router.route("close issue 7 in acme/web").as_json()
     assert d["arguments"] == {"owner": "acme", "repo": "web", "issue_number": 7} and "args_error" not in d
 

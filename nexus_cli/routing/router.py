@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..adapters.embedder import query_embedder
 from ..adapters.llama import LlamaContext, LlamaModel
-from ..arguments import ArgumentPrefixes, generate_arguments, prune_history
 from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
 from ..models import model_key
@@ -26,6 +25,12 @@ from ..schema import compile_tool
 from .index import Index, load_index
 from .rerank import RERANK_K, LikelihoodReranker, LLMReranker
 from .scoring import gate_margin, request_scores, request_texts
+
+if TYPE_CHECKING:
+    from ..arguments import ArgumentPrefixes
+
+# The arguments stage is imported where it is first used: a `--no-args` route
+# never loads them.
 
 RERANKERS = ("auto", "none", "llm", "likelihood")
 HISTORY_WEIGHT = 0.5
@@ -38,6 +43,8 @@ def routing_context(history: Sequence[dict] | None) -> str:
     surrogates (as in the arguments' history window), cut to HISTORY_CHARS from the end."""
     if not history:
         return ""
+    from ..arguments import prune_history
+
     msgs = prune_history(history, max_turns=HISTORY_TURNS, digest=False)
     text = " ".join(m["content"] for m in msgs if m.get("content"))
     return text[-HISTORY_CHARS:].strip()
@@ -333,6 +340,8 @@ class Router:
 
     def argument_prefixes(self) -> ArgumentPrefixes:
         """Each tool's argument prompt prefix, kept in memory and on disk (arguments.ArgumentPrefixes)."""
+        from ..arguments import ArgumentPrefixes
+
         if self._arg_prefixes is None:
             store = PrefixStore.default(ArgumentPrefixes.SUBDIR) if self.config.prefix_store else None
             self._arg_prefixes = ArgumentPrefixes(store=store)
@@ -342,6 +351,8 @@ class Router:
         """Arguments through the one argument pipeline (arguments.generate_arguments). Returns (arguments,
         error-or-None); a tool whose schema could not be compiled, or output that fails validation, is reported, not
         raised, and then the arguments are None."""
+        from ..arguments import generate_arguments
+
         try:
             res = generate_arguments(self.llm(), self.spec(entry), query, history=history,
                                      prefixes=self.argument_prefixes(), time_limit_s=self.config.args_time_limit_s)

@@ -129,6 +129,11 @@ SYNTHESIS_MODEL = "qwen2.5-1.5b"  # writes example requests (`nexus index --synt
 # The llm reranker's model unless --rerank-model says otherwise (the likelihood reranker uses --model): the name
 # choice was measured with it (docs/routing.md, "Rerankers")
 LLM_RERANKER_MODEL = "qwen2.5-1.5b"
+# The llm reranker's weight per model: the final score is the retriever's + w x (log p(name) - the best one's), w
+# chosen per model on the leave-servers-out dev part among 0.02 / 0.05 / 0.1 / 0.2 (docs/routing.md, "Rerankers");
+# LLM_RERANKER_WEIGHT for a model nobody chose one for
+LLM_RERANKER_WEIGHTS = {"qwen2.5-1.5b": 0.1, "qwen2.5-0.5b": 0.05}
+LLM_RERANKER_WEIGHT = 0.1
 DEFAULT_EMBEDDER = "nexus-router"  # shipped in models/router-embedder; "minilm" stays selectable
 
 # How a tool becomes vectors and how a request's scores are fused (nexus index; chosen by the ablation in

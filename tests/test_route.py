@@ -563,3 +563,25 @@ def test_one_shot_route_loads_llama_cpp_only_when_the_gate_escalates(forge_dir, 
         assert f"LLAMA_LOADED={escalated}" in p.stderr, (q, p.stderr[-300:])
         if not escalated:
             assert doc["tool"] == r.route(q, with_args=False).tool and "reranker" not in doc
+
+
+def test_the_name_choice_weighs_its_log_probabilities_by_the_models_own_weight(monkeypatch):
+    """LLMReranker.score adds weight x (log p(name) - the best) to the retriever's score, the weight chosen per model
+    (config.LLM_RERANKER_WEIGHTS: 0.05 for Qwen2.5-0.5B, 0.1 for Qwen2.5-1.5B), a given weight over either."""
+    from types import SimpleNamespace
+
+    from nexus_cli.routing.rerank import LLMReranker
+
+    def ctx(name):
+        return SimpleNamespace(model=SimpleNamespace(name=name))
+
+    small, large, other = LLMReranker(ctx("qwen2.5-0.5b")), LLMReranker(ctx("qwen2.5-1.5b")), LLMReranker(ctx("x"))
+    assert (small.weight, large.weight, other.weight) == (0.05, 0.1, 0.1)
+    assert LLMReranker(ctx("qwen2.5-0.5b"), weight=0.2).weight == 0.2
+    for r in (small, large):
+        monkeypatch.setattr(r, "name_logprobs", lambda *_a, **_k: [-1.0, -3.0])
+        got = r.score("q", ["a", "b"], [0.5, 0.6])
+        assert got == pytest.approx([0.5, 0.6 - 2.0 * r.weight])
+    # a retriever lead of 0.12 survives the 0.5B's 2-nat preference for the other tool, not the 1.5B's
+    assert np.argmax(small.score("q", ["a", "b"], [0.5, 0.62])) == 1
+    assert np.argmax(large.score("q", ["a", "b"], [0.5, 0.62])) == 0

@@ -16,7 +16,7 @@ def command(
     embedder: Optional[str] = options.embedder(),
     queries: Optional[List[str]] = typer.Option(None, "--queries", help="Request JSONL files (default: dev: the dev servers' example requests; test: the held-out query sets)."),
     reranker: str = typer.Option("auto", "--reranker", help="auto (the product's choice for the index), none (retriever and gate alone), likelihood or llm."),
-    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker reads (default: the reranker's own: likelihood 4, llm 10)."),
+    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker reads (default: the reranker's own: likelihood 4, llm 5)."),
     model: Optional[str] = options.model("LLM of the reranker (default: the product's, qwen2.5-0.5b for likelihood, qwen2.5-1.5b for llm)."),
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Index the part's tools with example requests the LLM writes for them (as `nexus index --synthesize`)."),
     synthesize_model: Optional[str] = typer.Option(None, "--synthesize-model", help="The LLM that writes them (default qwen2.5-1.5b)."),

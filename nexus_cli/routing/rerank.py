@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import textgen
 from ..adapters.llama import log_softmax
+from ..config import LLM_RERANKER_WEIGHT, LLM_RERANKER_WEIGHTS
 from ..prefix_store import PrefixStore
 
 # Candidates each reranker sees by default. The likelihood reranker's cost grows with its candidates (the request is
@@ -21,6 +22,11 @@ from ..prefix_store import PrefixStore
 # scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5; the gold tool is
 # among the retriever's first 5 for 88 % of the leave-servers-out dev requests, the llm reranker's reach (docs/routing.md).
 RERANK_K = {"likelihood": 4, "llm": 5}
+
+
+def llm_reranker_weight(model_name: str) -> float:
+    """The name choice's weight against the retriever's score for a model (a canonical name such as qwen2.5-0.5b)."""
+    return LLM_RERANKER_WEIGHTS.get(model_name, LLM_RERANKER_WEIGHT)
 
 
 class LLMReranker:
@@ -38,13 +44,14 @@ class LLMReranker:
     SEQ = 1  # the prompt's sequence, its copies after it; sequence 0 keeps argument generation's warm prefix
     DESC_WORDS = 40
     MAX_PARAMS = 6
-    # chosen on the leave-servers-out dev part among 0.02 / 0.05 / 0.1 / 0.2 (docs/routing.md, "Rerankers")
-    WEIGHT = 0.1
     SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
               "as written in the list.")
 
-    def __init__(self, ctx, index=None):
+    def __init__(self, ctx, index=None, weight: float | None = None):
+        """weight: of the log-probabilities against the retriever's score (score()); None: the one chosen for this
+        model (config.LLM_RERANKER_WEIGHTS)."""
         self.ctx = ctx
+        self.weight = llm_reranker_weight(ctx.model.name) if weight is None else float(weight)
         self._end = None
 
     @staticmethod
@@ -111,11 +118,11 @@ class LLMReranker:
         return int(np.argmax(self.name_logprobs(query, entries, context)))
 
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
-        """The retriever's score plus WEIGHT x (log p(name) - the best log p(name)): a candidate the LLM finds
-        10 nats less likely than its favourite loses one unit of retriever score (cosine-scale), so a retriever lead
-        survives an LLM that is unsure and gives way to one that is sure."""
+        """The retriever's score plus weight x (log p(name) - the best log p(name)): at 0.1 (Qwen2.5-1.5B) a candidate
+        the LLM finds 10 nats less likely than its favourite loses one unit of retriever score (cosine-scale), so a
+        retriever lead survives an LLM that is unsure and gives way to one that is sure."""
         lp = np.asarray(self.name_logprobs(query, entries, context), dtype=np.float64)
-        return [float(b) + self.WEIGHT * float(x) for b, x in zip(base_scores, lp - lp.max())]
+        return [float(b) + self.weight * float(x) for b, x in zip(base_scores, lp - lp.max())]
 
 
 class LikelihoodReranker:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from nexus_cli.errors import FormatError, NexusError
 from nexus_cli.registry import load_registries
 from nexus_cli.routing import build as routing_build
 from nexus_cli.routing.build import EXAMPLES_PER_TOOL, adversarial_pairs, build_index, match_examples, tool_texts
-from nexus_cli.routing.index import load_index
+from nexus_cli.routing.index import DETAIL_KEYS, HEAD_KEYS, load_index
+from nexus_cli.routing.router import Router, RouterConfig
 from nexus_cli.routing.scoring import dense_tool_scores
 from nexus_cli.routing.slb import read_slb, write_slb
 
@@ -141,7 +143,7 @@ def test_native_scan_step_keeps_every_score_of_the_one_it_replaced(forge_index, 
 def test_build_index_contents(forge_index, forge_tools):
     out, rep = forge_index
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["lexical.json", "manifest.json", "slb.bin", "tools.json"]
+    assert names == ["lexical.json", "manifest.json", "slb.bin", "tool_details.json", "tools.json"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["format"] == "nexus-index" and m["n_tools"] == len(forge_tools) == 24
     assert m["n_vectors"] > m["n_tools"]  # multi-vector recipe
@@ -150,9 +152,12 @@ def test_build_index_contents(forge_index, forge_tools):
     assert 0.0 < g["fire_rate"] <= 0.35
     assert rep.tau == pytest.approx(g["tau"])
     tools = json.loads((out / "tools.json").read_text())
-    pr = next(t for t in tools if t["name"] == "create_pull_request")
-    assert pr["signature"].startswith("create_pull_request(") and "owner" in pr["signature"]
-    assert pr["grammar"] and "root" in pr["grammar"]
+    details = json.loads((out / "tool_details.json").read_text())
+    assert [sorted(t) for t in tools[:1]] == [sorted(HEAD_KEYS)] and [sorted(d) for d in details[:1]] == [sorted(DETAIL_KEYS)]
+    n = next(i for i, t in enumerate(tools) if t["name"] == "create_pull_request")
+    assert tools[n]["signature"].startswith("create_pull_request(") and "owner" in tools[n]["signature"]
+    assert details[n]["grammar"] and "root" in details[n]["grammar"]
+    assert m["interchangeable"] == []
     idx = load_index(out)
     assert idx.slb.n_tools == 24 and idx.bm25 is not None
     # no temporary directories left behind
@@ -212,6 +217,54 @@ def test_bad_schema_is_recorded_not_fatal(tmp_path, embedder):
     assert "odd/weird_tool" in rep.problems
     tools = json.loads((tmp_path / "i" / "tools.json").read_text())
     assert tools[1]["ok"] is False and tools[1]["problems"]
+    assert json.loads((tmp_path / "i" / "tool_details.json").read_text())[1]["grammar"] is None
+
+
+def test_a_route_without_arguments_reads_no_tool_details(forge_index, tmp_path):
+    """Format 3: a route without arguments reads each tool's head (tools.json) and the manifest's interchangeable
+    groups, never tool_details.json; the reranker and the arguments read it on first use, and a damaged one is a
+    FormatError then."""
+    out, _ = forge_index
+    idx = load_index(out)
+    r = Router(idx, RouterConfig(reranker="none", warm=False))
+    res = r.route("merge pull request 12 in acme/api", with_args=False)
+    assert res.tool == "merge_pull_request" and res.signature.startswith("merge_pull_request(")
+    assert idx._tools is None
+    assert idx.tools[0].grammar is not None and idx._tools is not None
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "tool_details.json").write_text("[{\"grammar\": 1}]")
+    damaged = load_index(broken)
+    assert Router(damaged, RouterConfig(reranker="none", warm=False)).route("merge pull request 12",
+                                                                           with_args=False).tool
+    with pytest.raises(FormatError, match="tool_details.json does not match slb.bin"):
+        damaged.tools
+
+
+def test_a_format_2_index_still_loads(forge_index, tmp_path):
+    """An index written before tool_details.json (one tools.json with every field, no groups in the manifest) loads
+    with the same entries and routes alike."""
+    out, _ = forge_index
+    old = tmp_path / "v2"
+    shutil.copytree(out, old)
+    heads = json.loads((old / "tools.json").read_text())
+    details = json.loads((old / "tool_details.json").read_text())
+    (old / "tools.json").write_text(json.dumps([{**h, **d} for h, d in zip(heads, details)]))
+    (old / "tool_details.json").unlink()
+    m = json.loads((old / "manifest.json").read_text())
+    m["version"] = 2
+    del m["interchangeable"], m["files"]["tool_details.json"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    a, b = load_index(out), load_index(old)
+    assert b.tools == a.tools and b.heads == a.heads
+    q = "open a pull request in acme/api from feature/login into main"
+    ra = Router(a, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
+    rb = Router(b, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
+    assert ra.as_json()["candidates"] == rb.as_json()["candidates"]
+    m["version"] = 1
+    (old / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match="v1 is not supported"):
+        load_index(old)
 
 
 def test_load_index_errors(tmp_path):

@@ -4,8 +4,8 @@ store every tool's compressed signature, argument grammar and normalized schema.
 An index directory holds
   manifest.json   format version, embedder, text recipe, fusion weights, gate (tau, fire rates), file digests
   slb.bin         the SLB: 128-byte header, servers, names, vector→tool owners, scales, INT8 vectors (little-endian)
-  tools.json      per tool: server, name, description, signature, described signature, GBNF grammar, normalized
-                  schema, problems
+  tools.json      per tool, what a route without arguments reads: server, name, description, signature, problems
+  tool_details.json  per tool: described signature, GBNF grammar, input and normalized schemas, example requests
   lexical.json    per tool BM25 token lists (the lexical half of the hybrid retriever)
   embedder/       optional: the router embedder fine-tuned at build time (--finetune)
 
@@ -34,7 +34,7 @@ from ..files import atomic_write_json, sha256_file
 from ..models import canonical_name
 from ..registry import Tool, interchangeable_groups, interchangeable_map
 from .finetune import finetune_embedder, finetune_record
-from .index import INDEX_FORMAT_VERSION, ToolEntry, recover_index_dir, swap_into_place
+from .index import INDEX_FORMAT_VERSION, ToolEntry, recover_index_dir, split_entry, swap_into_place
 from .lexical import BM25
 from .scoring import gate_margin, request_scores, request_texts
 from .slb import SLB, write_slb
@@ -52,7 +52,8 @@ DEFAULT_VALUE_MASKING = True
 # exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked. 4: example requests
 # join their tool's BM25 document. 5: twelve examples per tool. 6: the gate's margin leaves out interchangeable tools
 # (the same tool on another server, registry.interchangeable_groups). 7: tools.json stores the normalized schema.
-BUILD_REVISION = 7
+# 8: index format 3 (tools.json and tool_details.json; the interchangeable groups in the manifest).
+BUILD_REVISION = 8
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
 EXAMPLES_PER_TOOL = 12
@@ -351,7 +352,9 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     try:
         write_slb(tmp / "slb.bin", servers, [sidx[t.server] for t in tools], [t.name for t in tools],
                   slb.owners, slb.scales, slb.vectors)
-        atomic_write_json(tmp / "tools.json", [e.__dict__ for e in entries], compact=True)
+        heads, details = zip(*[split_entry(e) for e in entries]) if entries else ((), ())
+        atomic_write_json(tmp / "tools.json", list(heads), compact=True)
+        atomic_write_json(tmp / "tool_details.json", list(details), compact=True)
         if lex_docs is not None:
             atomic_write_json(tmp / "lexical.json", {"tokenizer": "textgen.lex_tokens/v1", "docs": lex_docs}, compact=True)
         if ft_dir is not None:
@@ -389,6 +392,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                       "quarantined": left_out,
                       "findings": {k: [f.as_json() for f in fs] for k, fs in findings.items()}},
             "schema_failures": sum(1 for e in entries if not e.ok),
+            # the same tool on several servers (registry.interchangeable_groups), so a route reads no schema for them
+            "interchangeable": interchangeable_groups(entries),
             "files": files,
         }
         atomic_write_json(tmp / "manifest.json", manifest, compact=True)

@@ -1,7 +1,9 @@
 """The index folder as the router reads it: the tools' entries, the SLB, BM25 and the manifest (docs/slb-format.md).
 
-`load_index` checks the folder and loads it once: each tool's schema was normalized at build time and is read from
-tools.json, never normalized again per request. A killed `nexus index` is repaired here (`recover_index_dir`), and
+`load_index` checks the folder and loads what routing reads: each tool's head (tools.json: names, description,
+signature) and the interchangeable groups (the manifest). Each tool's schemas, grammar and example requests
+(tool_details.json) are read when first asked for (`Index.tools`), so a route without arguments never parses them;
+each schema was normalized at build time and is never normalized again per request. A killed `nexus index` is repaired here (`recover_index_dir`), and
 a finished build is swapped into place with `swap_into_place`.
 """
 
@@ -20,7 +22,12 @@ from ..schema import ToolSpec
 from .lexical import BM25
 from .slb import SLB, read_slb
 
-INDEX_FORMAT_VERSION = 2  # 2: each tool's normalized schema is stored in tools.json
+# 2: each tool's normalized schema is stored in tools.json. 3: tools.json keeps each tool's head (what a route without
+# arguments reads) and tool_details.json the rest; the manifest holds the interchangeable groups
+INDEX_FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+HEAD_KEYS = ("server", "name", "description", "signature", "problems", "ok")  # tools.json (format 3)
+DETAIL_KEYS = ("described_signature", "grammar", "input_schema", "schema", "examples")  # tool_details.json
 
 
 @dataclass
@@ -50,18 +57,46 @@ class ToolEntry:
 
 
 @dataclass
+class ToolHead:
+    """What a route without arguments reads of a tool (tools.json): its names, description and signature."""
+    server: str
+    name: str
+    description: str
+    signature: str
+    problems: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.server}/{self.name}"
+
+
+@dataclass
 class Index:
     path: Path
     manifest: dict
     slb: SLB
-    tools: list[ToolEntry]
+    heads: list[ToolHead]
     bm25: BM25 | None
+    _tools: list[ToolEntry] | None = field(default=None, repr=False)
     _twins: dict[int, tuple[int, ...]] | None = field(default=None, repr=False)
+
+    @property
+    def tools(self) -> list[ToolEntry]:
+        """Every tool's full entry, its schemas, grammar and example requests read from tool_details.json on first
+        use (the reranker's prompts, the arguments stage)."""
+        if self._tools is None:
+            self._tools = _full_entries(self.path, self.heads)
+        return self._tools
 
     def interchangeable(self, i: int) -> tuple[int, ...]:
         """The other tools that are the same tool on another server (registry.interchangeable_groups), or ()."""
         if self._twins is None:
-            self._twins = interchangeable_map(self.tools)
+            groups = self.manifest.get("interchangeable")
+            if groups is None:  # format 2: found from the entries
+                self._twins = interchangeable_map(self.tools)
+            else:
+                self._twins = {int(m): tuple(int(x) for x in g if x != m) for g in groups for m in g}
         return self._twins.get(int(i), ())
 
     @property
@@ -98,7 +133,7 @@ def load_index(path: str | Path) -> Index:
         manifest = json.loads(mpath.read_text("utf-8"))
     except (OSError, ValueError) as e:
         raise FormatError(f"{mpath} is unreadable: {e}") from None
-    if manifest.get("format") != "nexus-index" or manifest.get("version") != INDEX_FORMAT_VERSION:
+    if manifest.get("format") != "nexus-index" or manifest.get("version") not in READABLE_VERSIONS:
         raise FormatError(f"{p}: index format {manifest.get('format')} v{manifest.get('version')} is not supported",
                           hint="rebuild it with `nexus index`")
     for fname, digest in manifest.get("files", {}).items():
@@ -106,19 +141,54 @@ def load_index(path: str | Path) -> Index:
         if not fp.is_file():
             raise FormatError(f"index {p} is incomplete: {fname} is missing")
     slb = read_slb(p / "slb.bin")
-    try:
-        raw_tools = json.loads((p / "tools.json").read_text("utf-8"))
-    except (OSError, ValueError) as e:
-        raise FormatError(f"{p / 'tools.json'} is unreadable: {e}") from None
-    tools = [ToolEntry(**t) for t in raw_tools]
-    if len(tools) != slb.n_tools or any(t.name != n for t, n in zip(tools, slb.names)):
+    raw = _read_tool_list(p / "tools.json", slb.n_tools)
+    tools = None
+    if manifest["version"] == 2:  # one file holds every field
+        tools = [_entry(t, p / "tools.json") for t in raw]
+        heads = [ToolHead(**{k: getattr(t, k) for k in HEAD_KEYS}) for t in tools]
+    else:
+        try:
+            heads = [ToolHead(**t) for t in raw]
+        except TypeError as e:
+            raise FormatError(f"{p / 'tools.json'}: an entry does not have the keys {', '.join(HEAD_KEYS)} ({e})") from None
+    if any(h.name != n for h, n in zip(heads, slb.names)):
         raise FormatError(f"index {p}: tools.json does not match slb.bin")
     bm25 = None
     lp = p / "lexical.json"
     if lp.is_file():
         docs = json.loads(lp.read_text("utf-8"))["docs"]
         bm25 = BM25(docs)
-    return Index(path=p, manifest=manifest, slb=slb, tools=tools, bm25=bm25)
+    return Index(path=p, manifest=manifest, slb=slb, heads=heads, bm25=bm25, _tools=tools)
+
+
+def _read_tool_list(path: Path, n_tools: int) -> list[dict]:
+    """A JSON array of one object per tool (tools.json, tool_details.json), with as many entries as the SLB has tools."""
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{path} is unreadable: {e}") from None
+    if not isinstance(raw, list) or len(raw) != n_tools or not all(isinstance(t, dict) for t in raw):
+        raise FormatError(f"index {path.parent}: {path.name} does not match slb.bin")
+    return raw
+
+
+def _entry(fields: dict, path: Path) -> ToolEntry:
+    try:
+        return ToolEntry(**fields)
+    except TypeError as e:
+        raise FormatError(f"{path}: an entry has missing or unknown keys ({e})") from None
+
+
+def _full_entries(path: Path, heads: list[ToolHead]) -> list[ToolEntry]:
+    """Format 3: each head joined with its details (tool_details.json, same order)."""
+    details = _read_tool_list(path / "tool_details.json", len(heads))
+    return [_entry({**h.__dict__, **d}, path / "tool_details.json") for h, d in zip(heads, details)]
+
+
+def split_entry(entry: ToolEntry) -> tuple[dict, dict]:
+    """A tool's entry as written: (its tools.json head, its tool_details.json details)."""
+    d = entry.__dict__
+    return {k: d[k] for k in HEAD_KEYS}, {k: d[k] for k in DETAIL_KEYS}
 
 
 def recover_index_dir(out: Path) -> None:

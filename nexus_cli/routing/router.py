@@ -301,16 +301,17 @@ class Router:
             ranked = head + [i for i in ranked if i not in in_head]
         tm["rerank"] = (time.perf_counter() - t_r) * 1e3
         best = ranked[0]
-        entry = self.index.tools[best]
-        twins = [self.index.tools[i] for i in self.index.interchangeable(best)]
-        cands = [Candidate(server=self.index.tools[i].server, tool=self.index.tools[i].name,
+        heads = self.index.heads  # names and signatures: a route without arguments reads no schema
+        entry = heads[best]
+        twins = [heads[i] for i in self.index.interchangeable(best)]
+        cands = [Candidate(server=heads[i].server, tool=heads[i].name,
                            score=round(float(scores[i]), 6),
                            rerank_score=round(rerank_scores[i], 6) if i in rerank_scores else None)
                  for i in ranked[: self.config.top_k]]
         args, args_err = None, None
         t_a = time.perf_counter()
         if with_args:
-            args, args_err = self._arguments(query, entry, history)
+            args, args_err = self._arguments(query, self.index.tools[best], history)
         tm["args"] = (time.perf_counter() - t_a) * 1e3
         tm["total"] = (time.perf_counter() - t_start) * 1e3
         timings = {k2: round(tm[k2], 3) for k2 in ("embed", "scan", "rerank", "args", "total")}

@@ -241,20 +241,19 @@ def test_a_route_without_arguments_reads_no_tool_details(forge_index, tmp_path):
         damaged.tools
 
 
-def test_a_format_2_index_still_loads(forge_index, tmp_path):
-    """An index written before tool_details.json (one tools.json with every field, no groups in the manifest) loads
-    with the same entries and routes alike."""
+def test_a_format_2_index_still_loads(forge_index, tmp_path, monkeypatch):
+    """An index written before tool_details.json (one tools.json with every field, no groups in the manifest: what
+    `nexus bench latency` gives a baseline commit that reads only format 2) loads with the same entries and routes
+    alike."""
+    from nexus_cli.lab import bench_latency
+
     out, _ = forge_index
-    old = tmp_path / "v2"
-    shutil.copytree(out, old)
-    heads = json.loads((old / "tools.json").read_text())
-    details = json.loads((old / "tool_details.json").read_text())
-    (old / "tools.json").write_text(json.dumps([{**h, **d} for h, d in zip(heads, details)]))
-    (old / "tool_details.json").unlink()
+    monkeypatch.setattr(bench_latency, "WORKTREES", tmp_path)
+    old = bench_latency._as_format_2(out)
     m = json.loads((old / "manifest.json").read_text())
-    m["version"] = 2
-    del m["interchangeable"], m["files"]["tool_details.json"]
-    (old / "manifest.json").write_text(json.dumps(m))
+    assert m["version"] == 2 and "interchangeable" not in m and sorted(m["files"]) == ["lexical.json", "slb.bin",
+                                                                                        "tools.json"]
+    assert not (old / "tool_details.json").exists() and bench_latency._as_format_2(old) == old
     a, b = load_index(out), load_index(old)
     assert b.tools == a.tools and b.heads == a.heads
     q = "open a pull request in acme/api from feature/login into main"

@@ -20,7 +20,8 @@ benchmark's (.nexus/bench-routing/).
 4. A warm request end to end (encode + scan + gate, retriever only: Router.retrieve and the margin), and one-shot
    `nexus route --json --no-args` processes over each index: this tree against --baseline-ref (a commit,
    checked out in .nexus/bench-latency/ with its own libnexus build, and with the packages its pyproject.toml pins
-   where this environment differs, installed for it alone), alternating, after one untimed run of each
+   where this environment differs, installed for it alone, and the index in the format its code writes),
+   alternating, after one untimed run of each
    (Python's bytecode cache written, as for a user; PYTHONDONTWRITEBYTECODE is cleared for these processes).
    Over `all` the product's reranker is none (an example-tuned embedder over examples), so no request loads an LLM;
    over `small` the requests the gate escalates load the likelihood reranker's LLM: reported apart.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -268,6 +270,42 @@ def _baseline_packages(tree: Path, progress) -> tuple[Path | None, list[str]]:
     return site, missing
 
 
+def _index_format_of(tree: Path) -> int:
+    """The index format a checkout's code writes (routing.index.INDEX_FORMAT_VERSION)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", "from nexus_cli.routing.index import INDEX_FORMAT_VERSION as v; print(v)"],
+                         cwd=str(tree), env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise NexusError(f"cannot read the index format of {tree}: {out.stderr.strip().splitlines()[-1:]}")
+    return int(out.stdout.strip())
+
+
+def _as_format_2(index_dir: Path) -> Path:
+    """A format-3 index rewritten in format 2, for a baseline commit that reads only that: tools.json with every key
+    of tools.json and tool_details.json, no interchangeable groups in the manifest, the same slb.bin and lexical.json
+    (what that commit's `nexus index` writes for the same tools: build revision 8 changed only the format)."""
+    from ..files import atomic_write_json, sha256_file
+
+    out = WORKTREES / "indexes" / f"{index_dir.name}-format2"
+    manifest = json.loads((index_dir / "manifest.json").read_text("utf-8"))
+    if manifest["version"] == 2 or (out / "manifest.json").is_file():
+        return index_dir if manifest["version"] == 2 else out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(index_dir, tmp)
+    heads = json.loads((tmp / "tools.json").read_text("utf-8"))
+    details = json.loads((tmp / "tool_details.json").read_text("utf-8"))
+    atomic_write_json(tmp / "tools.json", [{**h, **d} for h, d in zip(heads, details)], compact=True)
+    (tmp / "tool_details.json").unlink()
+    manifest["version"] = 2
+    manifest.pop("interchangeable", None)
+    manifest["files"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    atomic_write_json(tmp / "manifest.json", manifest, compact=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
     """A checkout of `ref` with its own libnexus build: (tree, library)."""
     try:
@@ -304,22 +342,28 @@ def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | No
 def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | None, progress) -> dict:
     trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
     sites: dict[str, Path | None] = {"product": None}
+    indexes = {"product": index_dir}  # each side reads the index in the format its own code writes
     baseline_packages: list[str] = []
     if baseline_ref:
         trees["baseline"] = _baseline_tree(baseline_ref, progress)
         sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
+        fmt = _index_format_of(trees["baseline"][0])
+        if fmt not in (2, 3):
+            raise UsageError(f"--baseline-ref {baseline_ref} writes index format {fmt}; this benchmark gives a "
+                             "baseline format 2 or 3")
+        indexes["baseline"] = _as_format_2(index_dir) if fmt == 2 else index_dir
     times = {k: [] for k in trees}
     esc = {k: [] for k in trees}
     decisions = {k: {} for k in trees}
     for q in requests:  # untimed: bytecode written, files in the page cache
         for k, (tree, lib) in trees.items():
-            _oneshot(tree, lib, index_dir, q, sites[k])
+            _oneshot(tree, lib, indexes[k], q, sites[k])
     order = list(trees)
     for r in range(rounds):
         for q in requests:
             for k in (order if r % 2 == 0 else order[::-1]):
                 tree, lib = trees[k]
-                dt, doc = _oneshot(tree, lib, index_dir, q, sites[k])
+                dt, doc = _oneshot(tree, lib, indexes[k], q, sites[k])
                 times[k].append(dt)
                 esc[k].append(bool(doc["gate"]["escalated"]))
                 decisions[k][q] = f"{doc['server']}/{doc['tool']}"
@@ -332,6 +376,7 @@ def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | 
     if baseline_ref:
         out["baseline_ref"] = baseline_ref
         out["baseline_packages"] = baseline_packages  # installed for the baseline alone (_baseline_packages)
+        out["baseline_index_format"] = int(json.loads((indexes["baseline"] / "manifest.json").read_text())["version"])
         out["speedup"] = _ratio(times["baseline"], times["product"])
         out["same_decisions"] = sum(decisions["product"][q] == decisions["baseline"][q] for q in requests)
     return out

@@ -585,19 +585,3 @@ def test_the_name_choice_weighs_its_log_probabilities_by_the_models_own_weight(m
     # a retriever lead of 0.12 survives the 0.5B's 2-nat preference for the other tool, not the 1.5B's
     assert np.argmax(small.score("q", ["a", "b"], [0.5, 0.62])) == 1
     assert np.argmax(large.score("q", ["a", "b"], [0.5, 0.62])) == 0
-
-
-def test_the_likelihood_reranker_fuses_by_ranks_or_by_a_weighted_score(monkeypatch):
-    """LikelihoodReranker.score: reciprocal-rank fusion with the retriever by default; with a weight, the retriever's
-    score plus weight x (log-likelihood - the best one's)."""
-    from types import SimpleNamespace
-
-    from nexus_cli.routing.rerank import LikelihoodReranker, rrf_fuse
-
-    ctx = SimpleNamespace(n_seq_max=8)
-    ranks, linear = LikelihoodReranker(ctx, store=None), LikelihoodReranker(ctx, store=None, weight=0.1)
-    for r in (ranks, linear):
-        monkeypatch.setattr(r, "log_likelihoods", lambda *_a, **_k: [-3.0, -1.0, -2.5])
-    base = [0.80, 0.70, 0.75]
-    assert ranks.score("q", ["a", "b", "c"], base) == rrf_fuse(base, [-3.0, -1.0, -2.5], LikelihoodReranker.RRF_K)
-    assert linear.score("q", ["a", "b", "c"], base) == pytest.approx([0.80 - 0.2, 0.70, 0.75 - 0.15])

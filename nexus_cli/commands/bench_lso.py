@@ -17,7 +17,6 @@ def command(
     queries: Optional[List[str]] = typer.Option(None, "--queries", help="Request JSONL files (default: dev: the dev servers' example requests; test: the held-out query sets)."),
     reranker: str = typer.Option("auto", "--reranker", help="auto (the product's choice for the index), none (retriever and gate alone), likelihood or llm."),
     rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker reads (default: the reranker's own: likelihood 4, llm 5)."),
-    likelihood_weight: Optional[float] = typer.Option(None, "--likelihood-weight", help="Fuse the likelihood reranker with the retriever by score + W x log-likelihood instead of reciprocal ranks."),
     model: Optional[str] = options.model("LLM of the reranker (default: the product's, qwen2.5-0.5b for likelihood, qwen2.5-1.5b for llm)."),
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Index the part's tools with example requests the LLM writes for them (as `nexus index --synthesize`)."),
     synthesize_model: Optional[str] = typer.Option(None, "--synthesize-model", help="The LLM that writes them (default qwen2.5-1.5b)."),
@@ -34,7 +33,6 @@ def command(
     s = options.settings(dict(embedder=embedder, max_queries=max_queries), stage.DEFAULTS, quick, stage.QUICK)
     with stage_progress("routing-lso") as prog:
         doc = stage.run(part=part, queries=queries, reranker=reranker, rerank_k=rerank_k, model=model,
-                        likelihood_weight=likelihood_weight,
                         synthesize_model=(synthesize_model or SYNTHESIS_MODEL) if synthesize else None,
                         registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)

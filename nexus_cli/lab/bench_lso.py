@@ -68,7 +68,6 @@ def run(
     reranker: str = "auto",
     rerank_k: int | None = None,
     model: str | None = None,
-    likelihood_weight: float | None = None,
     synthesize_model: str | None = None,
     registry_dir: str | None = None,
     max_queries: int | None = None,
@@ -98,8 +97,7 @@ def run(
     # with synthesize_model, the LLM writes requests for the part's tools as `nexus index --synthesize` does (cached)
     writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
-    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False,
-                          likelihood_weight=likelihood_weight)
+    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False)
     router = Router(_index_for(tools, emb, synthesize=writer), config, embedder=emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
@@ -107,7 +105,6 @@ def run(
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
                   reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
-                  likelihood_weight=likelihood_weight if used == "likelihood" else None,
                   max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":

@@ -147,12 +147,8 @@ class LikelihoodReranker:
     CUE = "A user request this tool handles:"
     PREFIX_EXAMPLES = 4  # a tool's first examples in its prefix; more lengthen every uncached prefix's decode
 
-    def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True, store: PrefixStore | None = None,
-                 weight: float | None = None):
-        """weight: None fuses by reciprocal ranks (RRF_K); a number adds weight x (log-likelihood - the best one's) to
-        the retriever's score instead."""
+    def __init__(self, ctx, cache_size: int = 256, mask_values: bool = True, store: PrefixStore | None = None):
         self.ctx = ctx
-        self.weight = weight
         self.cache_size = cache_size
         self.mask_values = mask_values
         self.store = store  # prefixes decoded by earlier processes (PrefixStore), or None
@@ -264,11 +260,7 @@ class LikelihoodReranker:
 
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
         """context is not read: the request alone is scored (the retriever already weighs the history in)."""
-        ll = self.log_likelihoods(self.scored_text(query), entries)
-        if self.weight is None:
-            return rrf_fuse(base_scores, ll, self.RRF_K)
-        x = np.asarray(ll, dtype=np.float64)
-        return [float(b) + self.weight * float(v) for b, v in zip(base_scores, x - x.max())]
+        return rrf_fuse(base_scores, self.log_likelihoods(self.scored_text(query), entries), self.RRF_K)
 
 
 def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[float]:

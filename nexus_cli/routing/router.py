@@ -109,7 +109,6 @@ class RouterConfig:
     history_weight: float = HISTORY_WEIGHT  # share of the history-prefixed query in the scores (0: ignore history)
     value_masking: bool | None = None  # None: the index's (also score the request with its values masked)
     rerank_masking: bool = True  # the likelihood reranker scores the request with its values masked
-    likelihood_weight: float | None = None  # None: the likelihood reranker fuses by reciprocal ranks; W: score + W x ll
     query_encoder: str | None = None  # what embeds requests: auto / numpy / torch; None: $NEXUS_QUERY_ENCODER or auto
     prefix_store: bool = True  # decoded prefixes kept on disk (prefix_store.PrefixStore): the likelihood
     # reranker's candidates, and each tool's argument prompt prefix (arguments.ArgumentPrefixes)
@@ -191,7 +190,7 @@ class Router:
             if self._reranker_name == "likelihood":
                 store = PrefixStore.default() if self.config.prefix_store else None
                 self._reranker = LikelihoodReranker(self.rerank_llm(), mask_values=self.config.rerank_masking,
-                                                    store=store, weight=self.config.likelihood_weight)
+                                                    store=store)
             else:
                 self._reranker = LLMReranker(self.rerank_llm())
         return self._reranker

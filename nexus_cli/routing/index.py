@@ -13,14 +13,17 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 from ..errors import FormatError
 from ..files import pid_alive
 from ..registry import interchangeable_map
-from ..schema import ToolSpec
 from .lexical import BM25
 from .slb import SLB, read_slb
+
+if TYPE_CHECKING:
+    from ..schema import ToolSpec
 
 # 2: each tool's normalized schema is stored in tools.json. 3: tools.json keeps each tool's head (what a route without
 # arguments reads) and tool_details.json the rest; the manifest holds the interchangeable groups
@@ -50,6 +53,8 @@ class ToolEntry:
 
     def spec(self) -> ToolSpec:
         """The arguments stage's view of this tool, from what the build stored (nothing is normalized again)."""
+        from ..schema import ToolSpec  # here: a route without arguments never loads the schema compiler
+
         return ToolSpec(key=self.key, name=self.name, signature=self.signature, grammar=self.grammar,
                         schema=self.schema, input_schema=self.input_schema, description=self.description,
                         problems=list(self.problems), ok=bool(self.ok and self.grammar),

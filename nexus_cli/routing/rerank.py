@@ -13,7 +13,6 @@ from typing import Sequence
 import numpy as np
 
 from .. import textgen
-from ..adapters.llama import log_softmax
 from ..config import LLM_RERANKER_WEIGHT, LLM_RERANKER_WEIGHTS
 from ..prefix_store import PrefixStore
 
@@ -85,6 +84,8 @@ class LLMReranker:
 
     def name_logprobs(self, query: str, entries: Sequence, context: str = "") -> list[float]:
         """log p(answer = each candidate's label) in nats, in the candidates' order."""
+        from ..adapters.llama import log_softmax  # here: routing that never reranks never loads the LLM adapter
+
         ctx = self.ctx
         prompt = self.prompt(query, entries, context)
         answers = [ctx.tokenize(self.label(e, entries), add_special=False, parse_special=False) + self._end_tokens()
@@ -167,6 +168,8 @@ class LikelihoodReranker:
         length). Keeping the next-token distribution (300 KB for Qwen's 152k vocabulary, beside a ~0.7 MB KV state)
         means a decision decodes only the request's tokens, not the prefix's last token again for every candidate.
         The prefixes not cached yet are decoded together, one sequence each (0.83x decoding them one by one)."""
+        from ..adapters.llama import log_softmax  # here: routing that never reranks never loads the LLM adapter
+
         keys = [(e.server, e.name) for e in entries]
         missing = [k for k, key in enumerate(keys) if key not in self._prefix and key not in keys[:k]]
         fresh: dict[tuple[str, str], tuple[bytes, np.ndarray, int]] = {}

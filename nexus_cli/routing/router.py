@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..adapters.embedder import query_embedder
-from ..adapters.llama import LlamaContext, LlamaModel
 from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
 from ..errors import ModelError, NexusError
 from ..models import model_key
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
-from ..schema import compile_tool
 from .index import Index, load_index
 from .rerank import RERANK_K, LikelihoodReranker, LLMReranker
 from .scoring import gate_margin, request_scores, request_texts
@@ -29,8 +27,8 @@ from .scoring import gate_margin, request_scores, request_texts
 if TYPE_CHECKING:
     from ..arguments import ArgumentPrefixes
 
-# The arguments stage is imported where it is first used: a `--no-args` route
-# never loads them.
+# The LLM adapter, the schema compiler and the arguments stage are imported where they are first used: a route
+# without arguments that the gate does not escalate never loads them.
 
 RERANKERS = ("auto", "none", "llm", "likelihood")
 HISTORY_WEIGHT = 0.5
@@ -199,6 +197,8 @@ class Router:
         # sequence 0: arguments; 1: the llm reranker's prompt, 2..: its copies, or the likelihood reranker's
         # candidates, scored together. Flash attention: the reranker's batched decode over restored prefixes took
         # 7-13 % less time with it, with the same decisions (docs/routing.md, "Latency")
+        from ..adapters.llama import LlamaContext, LlamaModel
+
         return LlamaContext(LlamaModel(name), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + self.rerank_k,
                             flash_attn=True)
 
@@ -333,6 +333,8 @@ class Router:
         spec = self._specs.get(entry.key)
         if spec is None:
             if self._schemas is not None and entry.key in self._schemas:
+                from ..schema import compile_tool
+
                 spec = compile_tool(self._schemas[entry.key])
             else:
                 spec = entry.spec()

@@ -273,7 +273,8 @@ def _baseline_packages(tree: Path, progress) -> tuple[Path | None, list[str]]:
 def _index_format_of(tree: Path) -> int:
     """The index format a checkout's code writes (routing.index.INDEX_FORMAT_VERSION)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", "from nexus_cli.routing.index import INDEX_FORMAT_VERSION as v; print(v)"],
+    probe = "from nexus_cli.routing.index import INDEX_FORMAT_VERSION as v; print(v)"
+    out = subprocess.run([sys.executable, "-c", probe],
                          cwd=str(tree), env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise NexusError(f"cannot read the index format of {tree}: {out.stderr.strip().splitlines()[-1:]}")
@@ -299,7 +300,8 @@ def _as_format_2(index_dir: Path) -> Path:
     (tmp / "tool_details.json").unlink()
     manifest["version"] = 2
     manifest.pop("interchangeable", None)
-    manifest["files"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != "manifest.json"}
+    manifest["files"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())
+                         if p.is_file() and p.name != "manifest.json"}
     atomic_write_json(tmp / "manifest.json", manifest, compact=True)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -3,8 +3,8 @@
 `load_index` checks the folder and loads what routing reads: each tool's head (tools.json: names, description,
 signature) and the interchangeable groups (the manifest). Each tool's schemas, grammar and example requests
 (tool_details.json) are read when first asked for (`Index.tools`), so a route without arguments never parses them;
-each schema was normalized at build time and is never normalized again per request. A killed `nexus index` is repaired here (`recover_index_dir`), and
-a finished build is swapped into place with `swap_into_place`.
+each schema was normalized at build time and is never normalized again per request. A killed `nexus index` is
+repaired here (`recover_index_dir`), and a finished build is swapped into place with `swap_into_place`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import FormatError
 from ..files import pid_alive
@@ -155,7 +155,8 @@ def load_index(path: str | Path) -> Index:
         try:
             heads = [ToolHead(**t) for t in raw]
         except TypeError as e:
-            raise FormatError(f"{p / 'tools.json'}: an entry does not have the keys {', '.join(HEAD_KEYS)} ({e})") from None
+            raise FormatError(f"{p / 'tools.json'}: an entry does not have the keys {', '.join(HEAD_KEYS)} "
+                              f"({e})") from None
     if any(h.name != n for h, n in zip(heads, slb.names)):
         raise FormatError(f"index {p}: tools.json does not match slb.bin")
     bm25 = None
@@ -167,7 +168,7 @@ def load_index(path: str | Path) -> Index:
 
 
 def _read_tool_list(path: Path, n_tools: int) -> list[dict]:
-    """A JSON array of one object per tool (tools.json, tool_details.json), with as many entries as the SLB has tools."""
+    """A JSON array of one object per tool (tools.json, tool_details.json), as many as the SLB has tools."""
     try:
         raw = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as e:

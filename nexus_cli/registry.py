@@ -197,7 +197,12 @@ def interchangeable_groups(tools: Sequence[Any]) -> list[list[int]]:
 
 def interchangeable_map(tools: Sequence[Any]) -> dict[int, tuple[int, ...]]:
     """Each tool that has copies → the indices of its copies (interchangeable_groups, per member)."""
-    return {m: tuple(x for x in g if x != m) for g in interchangeable_groups(tools) for m in g}
+    return copies_by_member(interchangeable_groups(tools))
+
+
+def copies_by_member(groups: Iterable[Sequence[int]]) -> dict[int, tuple[int, ...]]:
+    """Groups of interchangeable tools (interchangeable_groups, or an index manifest's) → each member's copies."""
+    return {int(m): tuple(int(x) for x in g if x != m) for g in groups for m in g}
 
 
 MAX_EXAMPLE_BYTES = 16 * 1024 * 1024

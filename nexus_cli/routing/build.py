@@ -352,6 +352,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     try:
         write_slb(tmp / "slb.bin", servers, [sidx[t.server] for t in tools], [t.name for t in tools],
                   slb.owners, slb.scales, slb.vectors)
+        # the same tool on several servers: in the manifest (a route then reads no schema for them) and the report
+        groups = interchangeable_groups(entries)
         heads, details = zip(*[split_entry(e) for e in entries]) if entries else ((), ())
         atomic_write_json(tmp / "tools.json", list(heads), compact=True)
         atomic_write_json(tmp / "tool_details.json", list(details), compact=True)
@@ -392,8 +394,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                       "quarantined": left_out,
                       "findings": {k: [f.as_json() for f in fs] for k, fs in findings.items()}},
             "schema_failures": sum(1 for e in entries if not e.ok),
-            # the same tool on several servers (registry.interchangeable_groups), so a route reads no schema for them
-            "interchangeable": interchangeable_groups(entries),
+            "interchangeable": groups,
             "files": files,
         }
         atomic_write_json(tmp / "manifest.json", manifest, compact=True)
@@ -411,5 +412,5 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                        seconds={k: round(v, 3) for k, v in secs.items()},
                        problems={e.key: e.problems for e in entries if e.problems},
                        finetuned=ft_info, examples=examples_info,
-                       interchangeable=[[tools[i].key for i in g] for g in interchangeable_groups(tools)],
+                       interchangeable=[[entries[i].key for i in g] for g in groups],
                        suspicious={k: [f.line() for f in fs] for k, fs in findings.items()}, quarantined=left_out)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import FormatError
 from ..files import pid_alive
-from ..registry import interchangeable_map
+from ..registry import copies_by_member, interchangeable_map
 from .lexical import BM25
 from .slb import SLB, read_slb
 
@@ -101,7 +101,7 @@ class Index:
             if groups is None:  # format 2: found from the entries
                 self._twins = interchangeable_map(self.tools)
             else:
-                self._twins = {int(m): tuple(int(x) for x in g if x != m) for g in groups for m in g}
+                self._twins = copies_by_member(groups)
         return self._twins.get(int(i), ())
 
     @property

@@ -19,7 +19,7 @@ class BM25:
     def __init__(self, docs: Sequence[Sequence[str]], k1: float = 1.2, b: float = 0.75):
         self.n = len(docs)
         self.k1, self.b = k1, b
-        self._docs = [list(d) for d in docs]
+        self._docs = list(docs)  # each document only needs .count(token), which lists and tuples have
         lens = np.asarray([len(d) for d in self._docs], dtype=np.float64)
         self.avgdl = float(lens.mean()) if self.n else 1.0
         self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))

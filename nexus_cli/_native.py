@@ -152,6 +152,23 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,
     #                          const float *beta, float eps, float *y);
     sig("nexus_layer_norm", i32, vp, vp, i64, i32, vp, vp, fl, vp)
+    # int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
+    #                          int64_t n, int32_t dim, nexus_slb **out);
+    sig("nexus_slb_create", i32, vp, vp, vp, vp, i64, i32, P(vp))
+    # void nexus_slb_free(nexus_slb *slb);
+    sig("nexus_slb_free", None, vp)
+    # int32_t nexus_slb_scan_topk(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
+    #                             int64_t *idx_out, float *score_out, int32_t *n_out);
+    sig("nexus_slb_scan_topk", i32, vp, vp, fl, i32, vp, vp, vp)
+    # int32_t nexus_slb_scan_topk_exact(const nexus_slb *slb, const float *query, int32_t k, int64_t *idx_out,
+    #                                   float *score_out, int32_t *n_out, int64_t *n_rescored_out);
+    sig("nexus_slb_scan_topk_exact", i32, vp, vp, i32, vp, vp, vp, vp)
+    # int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, const int64_t *tool_offsets,
+    #                                    int64_t n_tools, int32_t floor_k, float base, float *out);
+    sig("nexus_slb_scan_tool_scores", i32, vp, vp, vp, i64, i32, fl, vp)
+    # int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
+    #                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
+    sig("nexus_slb_scan_topk_timed", i32, vp, vp, fl, i32, i32, i32, vp)
     # int32_t nexus_trie_create(nexus_trie **out);
     sig("nexus_trie_create", i32, P(vp))
     # void nexus_trie_free(nexus_trie *trie);

@@ -152,6 +152,38 @@ def slb_topk_timed(db: np.ndarray, db_scales: np.ndarray | None, query_q: np.nda
     return ns[: int(n_reps)]
 
 
+class PreparedSlb:
+    """A prepared SLB (nexus_slb_create) over fixed INT8 rows, optionally with their float32 originals and row norms
+    (exact scans). It holds references to the arrays the native side reads, so they outlive the handle; on a CPU
+    with AVX-512 VNNI the rows are also laid out once as panels. Scans return what the unprepared calls return."""
+
+    def __init__(self, db: np.ndarray, db_scales: np.ndarray | None, db_f32: np.ndarray | None = None,
+                 row_norms: np.ndarray | None = None):
+        self._lib = _native.lib()
+        self._h = None
+        self._keep = (db, db_scales, db_f32, row_norms)
+        h = _native.out("ptr")
+        _native.check(self._lib.nexus_slb_create(
+            _ptr(db), _ptr(db_scales) if db_scales is not None else None,
+            _ptr(db_f32) if db_f32 is not None else None, _ptr(row_norms) if row_norms is not None else None,
+            db.shape[0], db.shape[1], _native.ref(h)))
+        self._h = h
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise NexusError("the prepared SLB is closed")
+        return self._h
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.nexus_slb_free(h)
+
+    def __del__(self):
+        self.close()
+
+
 class SlbExactScanner:
     """The exact top-k over fixed float32 rows (nexus_slb_topk_exact): the rows are quantized and their two error
     norms computed once, here; `topk(query_f32)` shortlists by the INT8 scan and decides by exact float32 dot
@@ -174,10 +206,9 @@ class SlbExactScanner:
         self._scores = np.empty(self.k, dtype=np.float32)
         self._n_out = _native.c_i32(0)
         self._rescored = _native.c_i64(0)
+        self._slb = PreparedSlb(self.db, self.scales, self._f32, self.row_norms)
         self._call = _native.FastCall(
-            "nexus_slb_topk_exact", _native.voidp(_ptr(self.db)), _native.voidp(_ptr(self.scales)),
-            _native.voidp(_ptr(self._f32)), _native.voidp(_ptr(self.row_norms)), _native.c_i64(self.n),
-            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), _native.c_i32(self.k),
+            "nexus_slb_scan_topk_exact", self._slb.handle, _native.voidp(_ptr(self.query)), _native.c_i32(self.k),
             _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)), _native.ref(self._n_out),
             _native.ref(self._rescored))
 
@@ -216,11 +247,11 @@ class SlbScanner:
         self._scores = np.empty(self.k, dtype=np.float32)
         self._scale = _native.c_f32(0.0)  # the one argument that changes per call: set in place
         self._n_out = _native.c_i32(0)
+        self.prepared = PreparedSlb(db, self._scales)
         self._call = _native.FastCall(
-            "nexus_slb_topk", _native.voidp(_ptr(db)),
-            _native.voidp(_ptr(self._scales) if self._scales is not None else None), _native.c_i64(self.n),
-            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), self._scale, _native.c_i32(self.k),
-            _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)), _native.ref(self._n_out))
+            "nexus_slb_scan_topk", self.prepared.handle, _native.voidp(_ptr(self.query)), self._scale,
+            _native.c_i32(self.k), _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)),
+            _native.ref(self._n_out))
 
     def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -233,6 +264,20 @@ class SlbScanner:
         if m == self.k:
             return self._idx, self._scores
         return self._idx[:m], self._scores[:m]
+
+
+def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale: float, n_warmup: int,
+                        n_reps: int) -> np.ndarray:
+    """Per-run wall times (ns) of the scanner's prepared top-k scan, timed inside libnexus (no FFI in the timing)."""
+    q = np.ascontiguousarray(query_q, dtype=np.int8).reshape(-1)
+    if q.size != scanner.dim:
+        raise UsageError(f"query must be an int8 array of {scanner.dim} values")
+    if n_reps < 1 or n_warmup < 0:
+        raise UsageError("n_reps must be >= 1 and n_warmup >= 0")
+    ns = np.empty(int(n_reps), dtype=np.float64)
+    _native.check(_native.lib().nexus_slb_scan_topk_timed(scanner.prepared.handle, _ptr(q), float(query_scale),
+                                                          scanner.k, int(n_warmup), int(n_reps), _ptr(ns)))
+    return ns
 
 
 class SlbToolScorer:
@@ -260,12 +305,11 @@ class SlbToolScorer:
         self._offsets = np.searchsorted(owners, np.arange(self.n_tools + 1), side="left").astype(np.int64)
         self.query = np.zeros(self.dim, dtype=np.float32)
         self._out = np.empty(self.n_tools, dtype=np.float32)
+        self._slb = PreparedSlb(db, self._scales)
         self._call = _native.FastCall(
-            "nexus_slb_tool_scores", _native.voidp(_ptr(db)),
-            _native.voidp(_ptr(self._scales) if self._scales is not None else None), _native.c_i64(self.n),
-            _native.c_i32(self.dim), _native.voidp(_ptr(self.query)), _native.voidp(_ptr(self._offsets)),
-            _native.c_i64(self.n_tools), _native.c_i32(int(floor_k)), _native.c_f32(float(base)),
-            _native.voidp(_ptr(self._out)))
+            "nexus_slb_scan_tool_scores", self._slb.handle, _native.voidp(_ptr(self.query)),
+            _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(int(floor_k)),
+            _native.c_f32(float(base)), _native.voidp(_ptr(self._out)))
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         try:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nexus_cli import _native, kernels, reference
-from nexus_cli.errors import NativeError, UsageError
+from nexus_cli.errors import NativeError, NexusError, UsageError
 
 LENGTHS = [1, 3, 7, 15, 16, 17, 31, 33, 63, 65, 127, 129, 384]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,22 +179,38 @@ def test_rope_errors():
 # ---------------------------------------------------------------- INT8 SLB
 
 @pytest.mark.parametrize("dim", LENGTHS)
-def test_quantize_matches_reference(dim):
+def test_quantize_matches_reference_every_level(dim, restore_level):
     rng = np.random.default_rng(dim)
-    x = rng.standard_normal((9, dim)).astype(np.float32)
+    x = rng.standard_normal((12, dim)).astype(np.float32)
     x[3] = 0  # all-zero row: scale 1
     x[4, 0] = 0.5 * (x[4, 0] if x[4, 0] else 1.0)
-    q, s = kernels.quantize_i8(x)
+    x[5] = rng.integers(-127, 128, dim).astype(np.float32) + 0.5  # quotients on the halves (scale near 1)
+    x[5, 0] = 127.0
+    x[6] = rng.standard_normal(dim).astype(np.float32) * np.float32(1e-30)  # tiny, still quantizable
+    x[7] = -x[5]
     rq, rs = reference.quantize_i8(x)
-    assert np.array_equal(q, rq) and np.array_equal(s, rs)
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        q, s = kernels.quantize_i8(x)
+        assert np.array_equal(q, rq) and np.array_equal(s, rs), level
     assert s[3] == 1.0 and not q[3].any()
     assert np.abs(q).max() <= 127
 
 
-def test_quantize_rounds_half_away_from_zero():
-    x = np.array([[127.0, 0.5, -0.5, 1.5, -2.5]], np.float32)  # scale exactly 1
-    q, s = kernels.quantize_i8(x)
-    assert s[0] == 1.0 and q.tolist() == [[127, 1, -1, 2, -3]]
+def test_quantize_rounds_half_away_from_zero_every_level(restore_level):
+    x = np.array([[127.0, 0.5, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 126.5, -126.5, 0.0, -0.0, 2.5,
+                   3.5, -3.5, 1.0000001, 0.5000001, 64.5, -64.5]], np.float32)  # scale exactly 1
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        q, s = kernels.quantize_i8(x)
+        assert s[0] == 1.0, level
+        assert q.tolist() == [[127, 1, -1, 2, -3, 0, 0, 127, -127, 0, 0, 3, 4, -4, 1, 1, 65, -65]], level
+    bad = np.ones((2, 20), np.float32)
+    bad[1, 17] = np.nan
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        with pytest.raises(NativeError, match=r"x\[1, 17\] is not finite"):
+            kernels.quantize_i8(bad)
 
 
 @pytest.mark.parametrize("dim", LENGTHS)
@@ -233,6 +249,74 @@ def test_slb_topk_every_level(dim, restore_level):
     assert np.array_equal(s_idx, reference.slb_topk(db, scales, q, qs, 10)[0])
     idx, sc = kernels.slb_topk(db, None, q, 1.0, 4)
     assert np.array_equal(idx, reference.slb_topk(db, None, q, 1.0, 4)[0])
+
+
+@pytest.mark.parametrize("dim", LENGTHS)
+def test_prepared_slb_scan_equals_the_reference_every_level(dim, restore_level):
+    """A prepared SLB (panels on a VNNI CPU: rows in groups of 64, dims padded to 4) scans exactly like the plain call
+    and the NumPy reference, for row counts around the panel and block sizes and the extreme int8 values."""
+    rng = np.random.default_rng(250 + dim)
+    for n in (1, 63, 64, 65, 256, 257, 300):
+        db = rng.integers(-128, 128, (n, dim), dtype=np.int8)
+        db[0] = -128
+        db[n // 2] = 127
+        db[n - 1] = db[0]  # a tie: the lower index first
+        scales = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        q = rng.integers(-128, 128, dim, dtype=np.int8)
+        q[0] = -128
+        qs = 0.01
+        for k in (1, 5, 64, 65):
+            want_idx, want_sc = reference.slb_topk(db, scales, q, qs, k)
+            for level in LEVELS:
+                kernels.set_simd_level(level)
+                idx, sc = kernels.SlbScanner(db, scales, k).topk(q, qs)
+                assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), (n, k, level)
+
+
+def test_prepared_slb_scan_split_over_threads_equals_one_pass(restore_level):
+    """A scan of more than 16 MiB of rows is split over the cores (where there are two); the merged answer is the
+    single pass's, ties across the split included."""
+    rng = np.random.default_rng(7)
+    n, dim = 45_000, 384
+    db = rng.integers(-127, 128, (n, dim), dtype=np.int8)
+    q = rng.integers(-127, 128, dim, dtype=np.int8)
+    best = np.sign(q).astype(np.int8) * 127
+    for row in (40_000, 10, 22_600, 44_999):  # the same best row in both halves: the lower index first
+        db[row] = best
+    want_idx, want_sc = reference.slb_topk(db, None, q, 1.0, 8)
+    assert want_idx[:4].tolist() == [10, 22_600, 40_000, 44_999]
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        idx, sc = kernels.SlbScanner(db, None, 8).topk(q, 1.0)
+        assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), level
+        assert np.array_equal(kernels.slb_topk(db, None, q, 1.0, 8)[0], want_idx), level
+
+
+def test_prepared_slb_errors():
+    db = np.ones((4, 8), dtype=np.int8)
+    f32 = np.ones((4, 8), dtype=np.float32)
+    lib = _native.lib()
+    h = _native.out("ptr")
+    with pytest.raises(NativeError, match="both or neither"):
+        _native.check(lib.nexus_slb_create(db.ctypes.data, None, f32.ctypes.data, None, 4, 8, _native.ref(h)))
+    with pytest.raises(NativeError, match="dim must be"):
+        _native.check(lib.nexus_slb_create(db.ctypes.data, None, None, None, 4, 0, _native.ref(h)))
+    prepared = kernels.PreparedSlb(db, None)
+    out = np.empty(4, dtype=np.int64)
+    scores = np.empty(4, dtype=np.float32)
+    n_out = _native.out("i32")
+    with pytest.raises(NativeError, match="without its float32 rows"):
+        _native.check(lib.nexus_slb_scan_topk_exact(prepared.handle, f32[0].ctypes.data, 2, out.ctypes.data,
+                                                    scores.ctypes.data, _native.ref(n_out), None))
+    with pytest.raises(NativeError, match="k must be"):
+        _native.check(lib.nexus_slb_scan_topk(prepared.handle, db[0].ctypes.data, 1.0, 0, out.ctypes.data,
+                                              scores.ctypes.data, _native.ref(n_out)))
+    scanner = kernels.SlbScanner(db, None, 2)
+    ns = kernels.slb_scan_topk_timed(scanner, db[0], 1.0, 1, 5)
+    assert ns.shape == (5,) and (ns >= 0).all()
+    prepared.close()
+    with pytest.raises(NexusError, match="closed"):
+        prepared.handle
 
 
 @pytest.mark.parametrize("dim", LENGTHS)

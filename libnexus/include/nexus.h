@@ -105,6 +105,29 @@ int32_t nexus_slb_topk_exact(const int8_t *db, const float *db_scales, const flo
 int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *query,
                              float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps, double *ns_out);
 
+/* A prepared SLB: fixed rows scanned many times. The rows are read where they lie (the caller keeps db, db_scales,
+ * db_f32 and row_norms alive and unchanged until nexus_slb_free); on a CPU with AVX-512 VNNI they are also copied
+ * once into 64-row panels that one instruction reads 16 rows of at a time (docs/slb-format.md, "In memory"). db_f32 and row_norms
+ * (nexus_slb_row_norms) are optional, both or neither: they enable nexus_slb_scan_topk_exact. Scans of a prepared
+ * SLB return exactly what the unprepared calls return on the same rows; a top-k scan of more than 8 MiB of rows is
+ * split over the CPU's cores. */
+typedef struct nexus_slb nexus_slb;
+int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
+                         int64_t n, int32_t dim, nexus_slb **out);
+void nexus_slb_free(nexus_slb *slb);
+/* nexus_slb_topk on the prepared rows. */
+int32_t nexus_slb_scan_topk(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k, int64_t *idx_out,
+                            float *score_out, int32_t *n_out);
+/* nexus_slb_topk_exact on the prepared rows (created with db_f32 and row_norms). */
+int32_t nexus_slb_scan_topk_exact(const nexus_slb *slb, const float *query, int32_t k, int64_t *idx_out,
+                                  float *score_out, int32_t *n_out, int64_t *n_rescored_out);
+/* nexus_slb_tool_scores on the prepared rows. */
+int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, const int64_t *tool_offsets,
+                                   int64_t n_tools, int32_t floor_k, float base, float *out);
+/* nexus_slb_topk_timed on the prepared rows. */
+int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
+                                  int32_t n_warmup, int32_t n_reps, double *ns_out);
+
 /* ---------------------------------------------------------------- dense layer with float16 weights */
 
 #define NEXUS_ACT_NONE 0

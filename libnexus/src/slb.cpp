@@ -5,9 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <new>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -204,6 +209,64 @@ NEXUS_VNNI_TARGET void dots_vnni(const int8_t *db, int64_t n, int32_t dim, const
                                       static_cast<uint32_t>(corr));
     }
 }
+
+// The VNNI panel layout of a prepared SLB (nexus_slb_new): rows in groups of 64, dims padded to a multiple of 4. In
+// group g, 4-dim step j holds 256 bytes: four 16-row blocks of 64 bytes, row 16b + r's dims 4j..4j+3 at 64b + 4r,
+// each byte stored as db ^ 0x80 (db + 128, the unsigned operand of vpdpbusd); padding is 0x80 (a zero). One
+// vpdpbusd then yields 16 rows' partial dots with no horizontal sums, and a scan reads one sequential stream.
+constexpr int64_t kPanelRows = 64;
+
+int32_t padded_dim(int32_t dim) { return (dim + 3) / 4 * 4; }
+
+void pack_panels(const int8_t *db, int64_t n, int32_t dim, uint8_t *out) {
+    const int64_t dim4 = padded_dim(dim), groups = (n + kPanelRows - 1) / kPanelRows;
+    std::memset(out, 0x80, static_cast<size_t>(groups * kPanelRows * dim4));
+    for (int64_t i = 0; i < n; ++i) {
+        uint8_t *group = out + (i / kPanelRows) * kPanelRows * dim4;
+        const int64_t lane = (i % kPanelRows) / 16 * 64 + (i % 16) * 4;
+        for (int32_t j = 0; j < dim; ++j)
+            group[(j / 4) * 256 + lane + (j % 4)] = static_cast<uint8_t>(db[i * dim + j]) ^ 0x80u;
+    }
+}
+
+// Dots of rows [begin, begin + m) from the panels (begin a multiple of kPanelRows). q4: the query padded to dim4
+// bytes and read as int32 words of 4 bytes; corr = 128 * sum(query), the offset the +128 adds to every dot.
+NEXUS_VNNI_TARGET void dots_panels(const uint8_t *panels, int64_t begin, int64_t m, int32_t dim4, const int32_t *q4,
+                                   int32_t corr, int32_t *out) {
+    const __m512i c = _mm512_set1_epi32(corr);
+    const int32_t steps = dim4 / 4;
+    for (int64_t r = 0; r < m; r += kPanelRows) {
+        const uint8_t *p = panels + (begin + r) * dim4;
+        // sixteen independent accumulators (four blocks x four phases of the 4-dim steps): vpdpbusd has a latency
+        // of several cycles and two issue ports, so fewer chains leave the scan waiting on its own sums
+        __m512i acc[4][4];
+        for (auto &phase : acc)
+            for (auto &a : phase) a = _mm512_setzero_si512();
+        int32_t j = 0;
+        for (; j + 4 <= steps; j += 4, p += 1024) {
+            for (int ph = 0; ph < 4; ++ph) {
+                const __m512i qv = _mm512_set1_epi32(q4[j + ph]);
+                for (int b = 0; b < 4; ++b)
+                    acc[ph][b] = _mm512_dpbusd_epi32(acc[ph][b], _mm512_load_si512(p + ph * 256 + b * 64), qv);
+            }
+        }
+        for (; j < steps; ++j, p += 256) {
+            const __m512i qv = _mm512_set1_epi32(q4[j]);
+            for (int b = 0; b < 4; ++b) acc[0][b] = _mm512_dpbusd_epi32(acc[0][b], _mm512_load_si512(p + b * 64), qv);
+        }
+        const __m512i a0 = _mm512_add_epi32(_mm512_add_epi32(acc[0][0], acc[1][0]), _mm512_add_epi32(acc[2][0], acc[3][0]));
+        const __m512i a1 = _mm512_add_epi32(_mm512_add_epi32(acc[0][1], acc[1][1]), _mm512_add_epi32(acc[2][1], acc[3][1]));
+        const __m512i a2 = _mm512_add_epi32(_mm512_add_epi32(acc[0][2], acc[1][2]), _mm512_add_epi32(acc[2][2], acc[3][2]));
+        const __m512i a3 = _mm512_add_epi32(_mm512_add_epi32(acc[0][3], acc[1][3]), _mm512_add_epi32(acc[2][3], acc[3][3]));
+        alignas(64) int32_t d[kPanelRows];
+        int32_t *dst = m - r >= kPanelRows ? out + r : d;
+        _mm512_storeu_si512(dst, _mm512_sub_epi32(a0, c));
+        _mm512_storeu_si512(dst + 16, _mm512_sub_epi32(a1, c));
+        _mm512_storeu_si512(dst + 32, _mm512_sub_epi32(a2, c));
+        _mm512_storeu_si512(dst + 48, _mm512_sub_epi32(a3, c));
+        if (dst == d) std::memcpy(out + r, d, static_cast<size_t>(m - r) * sizeof(int32_t));
+    }
+}
 #endif
 
 #if defined(__aarch64__)
@@ -323,16 +386,56 @@ int64_t next_above(const float *s, int64_t from, int64_t m, float thr, int32_t l
     return next_above_scalar(s, from, m, thr);
 }
 
-// Top-k (k <= kSmallK) of rows [begin, end) into top[0..cnt), best first.
-void topk_small(const int8_t *db, const float *db_scales, int64_t begin, int64_t end, int32_t dim, const int8_t *q,
-                float query_scale, int32_t k, Hit *top, int32_t *cnt_out, int32_t level) {
+// The rows a scan reads: the INT8 matrix (row-major) with its scales, and, for a prepared SLB (nexus_slb_new) on
+// the VNNI level, the same rows as panels (dots_panels).
+struct Rows {
+    const int8_t *db;
+    const float *scales;  // may be NULL: 1.0 each
+    int64_t n;
+    int32_t dim;
+    const uint8_t *panels;  // NULL: the row-major kernels
+};
+
+// One query as the kernels read it: the bytes, and for the panels the same bytes padded to 4-byte words with the
+// +128 offset they add to every dot.
+struct Query {
+    const int8_t *q;
+    const int32_t *q4;
+    int32_t corr;
+};
+
+Query make_query(const Rows &rows, const int8_t *q, std::vector<int32_t> &words) {
+    Query out{q, nullptr, 0};
+    if (rows.panels) {
+        words.assign(static_cast<size_t>((rows.dim + 3) / 4), 0);
+        std::memcpy(words.data(), q, static_cast<size_t>(rows.dim));
+        int32_t sum = 0;
+        for (int32_t j = 0; j < rows.dim; ++j) sum += q[j];
+        out.q4 = words.data();
+        out.corr = 128 * sum;  // |sum| <= 127 * kMaxDim, so 128 * sum fits in int32
+    }
+    return out;
+}
+
+// Exact int32 dots of rows [b, b + m) (b a multiple of kBlock), from the panels where the level can read them.
+void rows_dots(const Rows &rows, const Query &query, int64_t b, int64_t m, int32_t *out, int32_t level) {
+#if defined(__x86_64__)
+    if (rows.panels && level == NEXUS_SIMD_AVX512_VNNI)
+        return dots_panels(rows.panels, b, m, padded_dim(rows.dim), query.q4, query.corr, out);
+#endif
+    slb_dots_level(rows.db + b * rows.dim, m, rows.dim, query.q, out, level);
+}
+
+// Top-k (k <= kSmallK) of rows [begin, end) (begin a multiple of kBlock) into top[0..cnt), best first.
+void topk_small(const Rows &rows, const Query &query, int64_t begin, int64_t end, float query_scale, int32_t k,
+                Hit *top, int32_t *cnt_out, int32_t level) {
     alignas(64) int32_t dots[kBlock];
     alignas(64) float scores[kBlock];
     int32_t cnt = 0;
     for (int64_t b = begin; b < end; b += kBlock) {
         const int64_t m = std::min<int64_t>(kBlock, end - b);
-        slb_dots_level(db + b * dim, m, dim, q, dots, level);
-        score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, scores, level);
+        rows_dots(rows, query, b, m, dots, level);
+        score_block(dots, rows.scales ? rows.scales + b : nullptr, query_scale, m, scores, level);
         int64_t j = 0;
         // filling: every row goes in (NaN as -inf)
         for (; j < m && cnt < k; ++j)
@@ -346,32 +449,79 @@ void topk_small(const int8_t *db, const float *db_scales, int64_t begin, int64_t
     *cnt_out = cnt;
 }
 
-// Every row's score into out[begin..end).
-void score_rows(const int8_t *db, const float *db_scales, int64_t begin, int64_t end, int32_t dim, const int8_t *q,
-                float query_scale, float *out, int32_t level) {
+// Every row's score into out[0..n).
+void score_rows(const Rows &rows, const Query &query, float query_scale, float *out, int32_t level) {
     alignas(64) int32_t dots[kBlock];
-    for (int64_t b = begin; b < end; b += kBlock) {
-        const int64_t m = std::min<int64_t>(kBlock, end - b);
-        slb_dots_level(db + b * dim, m, dim, q, dots, level);
-        score_block(dots, db_scales ? db_scales + b : nullptr, query_scale, m, out + b, level);
+    for (int64_t b = 0; b < rows.n; b += kBlock) {
+        const int64_t m = std::min<int64_t>(kBlock, rows.n - b);
+        rows_dots(rows, query, b, m, dots, level);
+        score_block(dots, rows.scales ? rows.scales + b : nullptr, query_scale, m, out + b, level);
     }
 }
 
+// A scan this large is split over threads (each part at least this many bytes): one core's loads do not reach the
+// memory bandwidth (100,000 x 384 bytes: 29 GB/s on one core, 49 GB/s on two), and a thread costs tens of µs.
+constexpr int64_t kThreadBytes = int64_t{8} << 20;
+constexpr int64_t kMaxThreads = 8;
+
+int64_t scan_parts(int64_t n, int32_t dim) {
+    if (n * dim < 2 * kThreadBytes) return 1;
+    // asked once: hardware_concurrency reads the CPU list from the system, microseconds a call
+    static const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+    return std::max<int64_t>(1, std::min({hw, kMaxThreads, n * dim / kThreadBytes}));
+}
+
+// The k <= kSmallK top-k over parts of the rows, one thread each (the caller runs the first), merged by the same
+// order a single pass keeps (score descending, then index), so the answer does not depend on the split.
+int32_t topk_parallel(const Rows &rows, const Query &query, float query_scale, int32_t k, int64_t parts, Hit *top,
+                      int32_t level) {
+    const int64_t blocks = (rows.n + kBlock - 1) / kBlock;
+    std::vector<Hit> found(static_cast<size_t>(parts * k));
+    std::vector<int32_t> counts(static_cast<size_t>(parts), 0);
+    const auto part = [&](int64_t p) {
+        const int64_t begin = blocks * p / parts * kBlock, end = std::min(rows.n, blocks * (p + 1) / parts * kBlock);
+        topk_small(rows, query, begin, end, query_scale, k, found.data() + p * k, &counts[p], level);
+    };
+    std::vector<std::thread> threads;
+    int64_t p = 1;
+    try {
+        for (; p < parts; ++p) threads.emplace_back(part, p);
+    } catch (const std::system_error &) {
+        // no thread to be had: the caller scans the rest
+    }
+    for (int64_t rest = p; rest < parts; ++rest) part(rest);
+    part(0);
+    for (auto &t : threads) t.join();
+    std::vector<Hit> merged;
+    for (int64_t i = 0; i < parts; ++i) merged.insert(merged.end(), found.begin() + i * k, found.begin() + i * k + counts[i]);
+    const int32_t cnt = static_cast<int32_t>(std::min<int64_t>(k, static_cast<int64_t>(merged.size())));
+    std::partial_sort(merged.begin(), merged.begin() + cnt, merged.end(), better);
+    std::copy(merged.begin(), merged.begin() + cnt, top);
+    return cnt;
+}
+
 // The scan itself (validated arguments). Writes min(k, n) results.
-void topk_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *q, float query_scale,
-              int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out, int32_t level) {
+void topk_run(const Rows &rows, const int8_t *q, float query_scale, int32_t k, int64_t *idx_out, float *score_out,
+              int32_t *n_out, int32_t level) {
+    thread_local std::vector<int32_t> words;
+    const Query query = make_query(rows, q, words);
+    const int64_t n = rows.n;
     const int32_t want = static_cast<int32_t>(std::min<int64_t>(k, n));
     if (k <= kSmallK) {
         Hit top[kSmallK];
         int32_t cnt = 0;
-        topk_small(db, db_scales, 0, n, dim, q, query_scale, k, top, &cnt, level);
+        const int64_t parts = scan_parts(n, rows.dim);
+        if (parts > 1)
+            cnt = topk_parallel(rows, query, query_scale, k, parts, top, level);
+        else
+            topk_small(rows, query, 0, n, query_scale, k, top, &cnt, level);
         for (int32_t r = 0; r < want; ++r) {
             idx_out[r] = top[r].idx;
             score_out[r] = top[r].score;
         }
     } else {
         std::vector<float> scores(static_cast<size_t>(n));
-        score_rows(db, db_scales, 0, n, dim, q, query_scale, scores.data(), level);
+        score_rows(rows, query, query_scale, scores.data(), level);
         std::vector<Hit> all(static_cast<size_t>(n));
         for (int64_t j = 0; j < n; ++j) all[j] = Hit{std::isnan(scores[j]) ? -INFINITY : scores[j], scores[j], j};
         std::partial_sort(all.begin(), all.begin() + want, all.end(), better);
@@ -385,7 +535,7 @@ void topk_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, 
 
 // Symmetric INT8 quantization of one row: scale = max|x| / 127 (1 for a zero row), values rounded half away from
 // zero. Returns the scale.
-float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
+float quantize_row_scalar(const float *row, int32_t dim, int64_t i, int8_t *qr) {
     float amax = 0.0f;
     for (int32_t j = 0; j < dim; ++j) {
         if (!std::isfinite(row[j])) invalid("x[" + std::to_string(i) + ", " + std::to_string(j) + "] is not finite");
@@ -402,14 +552,57 @@ float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
     return scale;
 }
 
+#if defined(__x86_64__)
+// The same quantization, 16 values at a time, bit for bit: the division is IEEE on both paths, and rounding half away
+// from zero is trunc(v) plus the sign of v where |v - trunc(v)| >= 0.5 (that difference is exact). A row the fast
+// path cannot take (a non-finite value, a scale that underflows) goes to the scalar path for its error.
+NEXUS_AVX512_TARGET float quantize_row_avx512(const float *row, int32_t dim, int64_t i, int8_t *qr) {
+    const __m512 fmax = _mm512_set1_ps(3.402823466e38f);
+    __m512 amax_v = _mm512_setzero_ps();
+    bool finite = true;
+    for (int32_t j = 0; j < dim; j += 16) {
+        const __mmask16 m = dim - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (dim - j)) - 1);
+        const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(m, row + j));
+        finite = finite && _mm512_cmp_ps_mask(a, fmax, _CMP_LE_OQ) == 0xffff;  // NaN compares false
+        amax_v = _mm512_max_ps(amax_v, a);
+    }
+    const float amax = _mm512_reduce_max_ps(amax_v);
+    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    if (!finite || !(scale > 0.0f)) return quantize_row_scalar(row, dim, i, qr);
+    const __m512 s = _mm512_set1_ps(scale), half = _mm512_set1_ps(0.5f);
+    const __m512i one_bits = _mm512_castps_si512(_mm512_set1_ps(1.0f)), sign_bit = _mm512_set1_epi32(INT32_MIN);
+    const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (int32_t j = 0; j < dim; j += 16) {
+        const __mmask16 m = dim - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (dim - j)) - 1);
+        const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, row + j), s);
+        const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+        const __m512 step = _mm512_castsi512_ps(_mm512_or_si512(  // +-1 with the sign of v
+            one_bits, _mm512_and_si512(_mm512_castps_si512(v), sign_bit)));
+        const __m512 r = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mask_add_ps(t, up, t, step)));
+        _mm_mask_storeu_epi8(qr + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+    }
+    return scale;
+}
+#endif
+
+float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
+#if defined(__x86_64__)
+    const int32_t level = simd_level();
+    if (level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI) return quantize_row_avx512(row, dim, i, qr);
+#endif
+    return quantize_row_scalar(row, dim, i, qr);
+}
+
 // Per-tool scores (see nexus_slb_tool_scores): every row scored once, block by block, then each tool's maximum over
 // its rows (rows are grouped by tool: offsets), raised to the floor.
-void tool_scores_run(const int8_t *db, const float *db_scales, int64_t n, int32_t dim, const int8_t *q, float qs,
-                     const int64_t *offsets, int64_t n_tools, int32_t floor_k, float base, float *out, int32_t level) {
+void tool_scores_run(const Rows &rows, const int8_t *q, float qs, const int64_t *offsets, int64_t n_tools,
+                     int32_t floor_k, float base, float *out, int32_t level) {
     thread_local std::vector<float> all;
+    thread_local std::vector<int32_t> words;
+    const int64_t n = rows.n;
     if (all.size() < static_cast<size_t>(n)) all.resize(static_cast<size_t>(n));
-    float *scores = all.data();
-    score_rows(db, db_scales, 0, n, dim, q, qs, scores, level);
+    score_rows(rows, make_query(rows, q, words), qs, all.data(), level);
     for (int64_t t = 0; t < n_tools; ++t) {
         float best = -INFINITY;
         for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
@@ -449,7 +642,7 @@ void check_topk_args(const int8_t *db, int64_t n, int32_t dim, const int8_t *que
 // up to the roundings of the additions (far below any float32 difference). Eight partial sums (element j into sum
 // j % 8, combined in a fixed tree) keep the additions independent, so the loop is not one long dependency chain;
 // the order is the same on every machine.
-double dot_f64(const float *x, const float *y, int32_t dim) {
+double dot_f64_scalar(const float *x, const float *y, int32_t dim) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int32_t j = 0;
     for (; j + 8 <= dim; j += 8)
@@ -458,18 +651,69 @@ double dot_f64(const float *x, const float *y, int32_t dim) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+#if defined(__x86_64__)
+// The eight partial sums as the eight lanes of one vector: each lane adds the same products in the same order as
+// the scalar loop (no fused multiply-add on either path), so the result is the same bits.
+NEXUS_AVX512_TARGET double dot_f64_avx512(const float *x, const float *y, int32_t dim) {
+    __m512d acc = _mm512_setzero_pd();
+    int32_t j = 0;
+    for (; j + 8 <= dim; j += 8)
+        acc = _mm512_add_pd(acc, _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + j)),
+                                               _mm512_cvtps_pd(_mm256_loadu_ps(y + j))));
+    alignas(64) double a[8];
+    _mm512_store_pd(a, acc);
+    for (int l = 0; j < dim; ++j, ++l) a[l] += static_cast<double>(x[j]) * static_cast<double>(y[j]);
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+#endif
+
+double dot_f64(const float *x, const float *y, int32_t dim, int32_t level) {
+#if defined(__x86_64__)
+    if (level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI) return dot_f64_avx512(x, y, dim);
+#endif
+    return dot_f64_scalar(x, y, dim);
+}
+
 // ||x - scale * q||_2 and ||scale * q||_2 of one quantized row, in float64 (the quantization residual and the
-// dequantized row): the two numbers the exact scan's error bound needs per row.
+// dequantized row): the two numbers the exact scan's error bound needs per row. Eight partial sums, so the additions
+// are not one long dependency chain.
 void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, double *res, double *deq) {
-    double r2 = 0.0, d2 = 0.0;
+    double r2[8] = {0, 0, 0, 0, 0, 0, 0, 0}, d2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const double sc = static_cast<double>(scale);
     for (int32_t j = 0; j < dim; ++j) {
-        const double dq = static_cast<double>(scale) * static_cast<double>(q[j]);
+        const double dq = sc * static_cast<double>(q[j]);
         const double e = static_cast<double>(x[j]) - dq;
-        r2 += e * e;
-        d2 += dq * dq;
+        r2[j % 8] += e * e;
+        d2[j % 8] += dq * dq;
     }
-    *res = std::sqrt(r2);
-    *deq = std::sqrt(d2);
+    *res = std::sqrt(((r2[0] + r2[4]) + (r2[2] + r2[6])) + ((r2[1] + r2[5]) + (r2[3] + r2[7])));
+    *deq = std::sqrt(((d2[0] + d2[4]) + (d2[2] + d2[6])) + ((d2[1] + d2[5]) + (d2[3] + d2[7])));
+}
+
+// The largest dequantized-row norm and residual norm over all rows: the exact scan's bound for rows it need not
+// test one by one. (Norms not from nexus_slb_row_norms, negative or NaN, give -1: every row gets its own test.)
+struct NormMaxima {
+    float deq;
+    float res;
+};
+
+NormMaxima norm_maxima(const float *row_norms, int64_t n) {
+    // the norms are >= 0, whose float order is their bits' integer order: an integer max the compiler vectorizes
+    uint32_t deq_bits = 0, res_bits = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t d, r;
+        std::memcpy(&d, row_norms + 2 * i, 4);
+        std::memcpy(&r, row_norms + 2 * i + 1, 4);
+        deq_bits = std::max(deq_bits, d);
+        res_bits = std::max(res_bits, r);
+    }
+    NormMaxima m;
+    std::memcpy(&m.deq, &deq_bits, 4);
+    std::memcpy(&m.res, &res_bits, 4);
+    // a set sign bit (a negative norm) is the largest unsigned value; NaN compares false
+    if (!(m.deq >= 0.0f)) m.deq = -1.0f;
+    if (!(m.res >= 0.0f)) m.res = -1.0f;
+    return m;
 }
 
 // Exact top-k by float32 dot products (see nexus_slb_topk_exact). With x = x' + e (x' the dequantized row) and
@@ -477,9 +721,11 @@ void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, d
 // bound = |x'| |d| + |e| |y'| + |e| |d| (plus the float32 rounding of the INT8 score, covered by a relative slack).
 // The INT8 top-k rows are rescored exactly; their lowest exact score L is a floor under the true k-th best, so a row
 // whose INT8 score plus bound stays below L cannot be in the top k; every other row is rescored exactly.
-void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms, int64_t n,
-                    int32_t dim, const float *query, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out,
+void topk_exact_run(const Rows &rows, const float *db_f32, const float *row_norms, const NormMaxima &maxima,
+                    const float *query, int32_t k, int64_t *idx_out, float *score_out, int32_t *n_out,
                     int64_t *n_rescored, int32_t level) {
+    const int64_t n = rows.n;
+    const int32_t dim = rows.dim;
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> approx;
     thread_local std::vector<uint8_t> done;
@@ -492,7 +738,8 @@ void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f3
     exact.clear();
     if (want > 0) {
         if (approx.size() < static_cast<size_t>(n)) approx.resize(static_cast<size_t>(n));
-        score_rows(db, db_scales, 0, n, dim, q.data(), qs, approx.data(), level);
+        thread_local std::vector<int32_t> words;
+        score_rows(rows, make_query(rows, q.data(), words), qs, approx.data(), level);
         done.assign(static_cast<size_t>(n), 0);
         // the INT8 top k of the scores just computed: insertion into a sorted list, NaN as -inf; once it is full,
         // a SIMD pass skips to the next row that beats its last entry
@@ -508,28 +755,15 @@ void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f3
         double floor = INFINITY;
         for (int32_t r = 0; r < cnt; ++r) {
             const int64_t i = top[r].idx;
-            const double v = dot_f64(db_f32 + i * dim, query, dim);
+            const double v = dot_f64(db_f32 + i * dim, query, dim, level);
             exact.emplace_back(v, i);
             done[i] = 1;
             floor = std::min(floor, v);
         }
         // A SIMD pass finds the rows above a threshold that the largest bound of any row allows (with the margin
         // that covers the slack below for every row it skips); only those get their own bound.
-        // the norms are >= 0, whose float order is their bits' integer order: an integer max the compiler vectorizes
-        uint32_t deq_bits = 0, res_bits = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            uint32_t d, r;
-            std::memcpy(&d, row_norms + 2 * i, 4);
-            std::memcpy(&r, row_norms + 2 * i + 1, 4);
-            deq_bits = std::max(deq_bits, d);
-            res_bits = std::max(res_bits, r);
-        }
-        float deq_max, res_max;
-        std::memcpy(&deq_max, &deq_bits, 4);
-        std::memcpy(&res_max, &res_bits, 4);
-        // (norms not from nexus_slb_row_norms, negative or NaN, turn the shortcut off: every row gets its own test)
-        const double bound_max = deq_max >= 0.0f && res_max >= 0.0f
-                                     ? deq_max * q_res + res_max * q_deq + res_max * q_res
+        const double bound_max = maxima.deq >= 0.0f && maxima.res >= 0.0f
+                                     ? maxima.deq * q_res + maxima.res * q_deq + maxima.res * q_res
                                      : INFINITY;
         const double margin = 3e-5 * (std::fabs(floor) + bound_max + 1.0);
         float thr = static_cast<float>(floor - bound_max - margin);
@@ -542,7 +776,7 @@ void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f3
             const double bound = deq * q_res + res * q_deq + res * q_res;
             // slack: the float32 rounding of the INT8 score and of the stored norms (relative 1e-6 is ~8 ulps)
             const double slack = 1e-6 * (std::fabs(a) + bound + std::fabs(floor)) + 1e-30;
-            if (!(a + bound + slack < floor)) exact.emplace_back(dot_f64(db_f32 + i * dim, query, dim), i);
+            if (!(a + bound + slack < floor)) exact.emplace_back(dot_f64(db_f32 + i * dim, query, dim, level), i);
         }
         std::sort(exact.begin(), exact.end(), [](const auto &x, const auto &y) {
             const double kx = std::isnan(x.first) ? -INFINITY : x.first, ky = std::isnan(y.first) ? -INFINITY : y.first;
@@ -556,6 +790,29 @@ void topk_exact_run(const int8_t *db, const float *db_scales, const float *db_f3
     *n_out = want;
     if (n_rescored) *n_rescored = static_cast<int64_t>(exact.size());
 }
+
+// n_reps timed top-k scans after n_warmup untimed ones (the benchmark helpers).
+void time_topk(const Rows &rows, const int8_t *query, float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps,
+               double *ns_out) {
+    if (n_warmup < 0) invalid("n_warmup must be >= 0, got " + std::to_string(n_warmup));
+    if (n_reps < 1) invalid("n_reps must be >= 1, got " + std::to_string(n_reps));
+    require_ptr(ns_out, "ns_out");
+    std::vector<int64_t> idx(static_cast<size_t>(k));
+    std::vector<float> score(static_cast<size_t>(k));
+    int32_t n_got = 0;
+    const int32_t level = simd_level();
+    for (int32_t r = 0; r < n_warmup; ++r) topk_run(rows, query, query_scale, k, idx.data(), score.data(), &n_got, level);
+    for (int32_t r = 0; r < n_reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        topk_run(rows, query, query_scale, k, idx.data(), score.data(), &n_got, level);
+        const auto t1 = std::chrono::steady_clock::now();
+        ns_out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    }
+}
+
+struct FreeDeleter {
+    void operator()(uint8_t *p) const { std::free(p); }
+};
 
 }  // namespace
 
@@ -576,6 +833,15 @@ void slb_dots_level(const int8_t *db, int64_t n, int32_t dim, const int8_t *quer
 }  // namespace nexus
 
 using namespace nexus;
+
+// A prepared SLB (nexus_slb_create): the caller's rows where they lie, their panels, the exact scan's norm maxima.
+struct nexus_slb {
+    Rows rows{};
+    const float *f32 = nullptr;
+    const float *norms = nullptr;
+    NormMaxima maxima{-1.0f, -1.0f};
+    std::unique_ptr<uint8_t, FreeDeleter> panels;
+};
 
 extern "C" {
 
@@ -608,7 +874,7 @@ int32_t nexus_slb_topk(const int8_t *db, const float *db_scales, int64_t n, int3
         require_ptr(idx_out, "idx_out");
         require_ptr(score_out, "score_out");
         require_ptr(n_out, "n_out");
-        topk_run(db, db_scales, n, dim, query, query_scale, k, idx_out, score_out, n_out, simd_level());
+        topk_run(Rows{db, db_scales, n, dim, nullptr}, query, query_scale, k, idx_out, score_out, n_out, simd_level());
     });
 }
 
@@ -625,7 +891,8 @@ int32_t nexus_slb_tool_scores(const int8_t *db, const float *db_scales, int64_t 
         thread_local std::vector<int8_t> q;
         q.resize(static_cast<size_t>(dim));
         const float qs = quantize_row(query, dim, 0, q.data());
-        tool_scores_run(db, db_scales, n, dim, q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
+        tool_scores_run(Rows{db, db_scales, n, dim, nullptr}, q.data(), qs, tool_offsets, n_tools, floor_k, base, out,
+                        simd_level());
     });
 }
 
@@ -665,8 +932,8 @@ int32_t nexus_slb_topk_exact(const int8_t *db, const float *db_scales, const flo
         require_ptr(idx_out, "idx_out");
         require_ptr(score_out, "score_out");
         require_ptr(n_out, "n_out");
-        topk_exact_run(db, db_scales, db_f32, row_norms, n, dim, query, k, idx_out, score_out, n_out, n_rescored_out,
-                       simd_level());
+        topk_exact_run(Rows{db, db_scales, n, dim, nullptr}, db_f32, row_norms, norm_maxima(row_norms, n), query, k,
+                       idx_out, score_out, n_out, n_rescored_out, simd_level());
     });
 }
 
@@ -674,21 +941,87 @@ int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n
                              float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps, double *ns_out) {
     return guard([&] {
         check_topk_args(db, n, dim, query, query_scale, k);
-        if (n_warmup < 0) invalid("n_warmup must be >= 0, got " + std::to_string(n_warmup));
-        if (n_reps < 1) invalid("n_reps must be >= 1, got " + std::to_string(n_reps));
-        require_ptr(ns_out, "ns_out");
-        std::vector<int64_t> idx(static_cast<size_t>(k));
-        std::vector<float> score(static_cast<size_t>(k));
-        int32_t n_got = 0;
-        const int32_t level = simd_level();
-        for (int32_t r = 0; r < n_warmup; ++r)
-            topk_run(db, db_scales, n, dim, query, query_scale, k, idx.data(), score.data(), &n_got, level);
-        for (int32_t r = 0; r < n_reps; ++r) {
-            const auto t0 = std::chrono::steady_clock::now();
-            topk_run(db, db_scales, n, dim, query, query_scale, k, idx.data(), score.data(), &n_got, level);
-            const auto t1 = std::chrono::steady_clock::now();
-            ns_out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+        time_topk(Rows{db, db_scales, n, dim, nullptr}, query, query_scale, k, n_warmup, n_reps, ns_out);
+    });
+}
+
+int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
+                         int64_t n, int32_t dim, nexus_slb **out) {
+    return guard([&] {
+        require_ptr(out, "out");
+        *out = nullptr;
+        check_dims(n, dim);
+        if (n > 0) require_ptr(db, "db");
+        if ((db_f32 == nullptr) != (row_norms == nullptr)) invalid("db_f32 and row_norms go together (both or neither)");
+        if (db_f32 && n > 0 && !db_scales) invalid("an exact scan needs db_scales");
+        auto slb = std::make_unique<nexus_slb>();
+        slb->rows = Rows{db, db_scales, n, dim, nullptr};
+        slb->f32 = db_f32;
+        slb->norms = row_norms;
+        slb->maxima = row_norms ? norm_maxima(row_norms, n) : NormMaxima{-1.0f, -1.0f};
+#if defined(__x86_64__)
+        if (n > 0 && simd_level_runnable(NEXUS_SIMD_AVX512_VNNI)) {
+            const size_t bytes = static_cast<size_t>((n + kPanelRows - 1) / kPanelRows * kPanelRows * padded_dim(dim));
+            slb->panels.reset(static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+            if (!slb->panels) throw std::bad_alloc();
+            pack_panels(db, n, dim, slb->panels.get());
+            slb->rows.panels = slb->panels.get();
         }
+#endif
+        *out = slb.release();
+    });
+}
+
+void nexus_slb_free(nexus_slb *slb) { delete slb; }
+
+int32_t nexus_slb_scan_topk(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k, int64_t *idx_out,
+                            float *score_out, int32_t *n_out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        check_topk_args(slb->rows.db, slb->rows.n, slb->rows.dim, query, query_scale, k);
+        require_ptr(idx_out, "idx_out");
+        require_ptr(score_out, "score_out");
+        require_ptr(n_out, "n_out");
+        topk_run(slb->rows, query, query_scale, k, idx_out, score_out, n_out, simd_level());
+    });
+}
+
+int32_t nexus_slb_scan_topk_exact(const nexus_slb *slb, const float *query, int32_t k, int64_t *idx_out,
+                                  float *score_out, int32_t *n_out, int64_t *n_rescored_out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        if (!slb->f32 && slb->rows.n > 0) invalid("this SLB was created without its float32 rows: no exact scan");
+        require_ptr(query, "query");
+        if (k < 1) invalid("k must be >= 1, got " + std::to_string(k));
+        require_ptr(idx_out, "idx_out");
+        require_ptr(score_out, "score_out");
+        require_ptr(n_out, "n_out");
+        topk_exact_run(slb->rows, slb->f32, slb->norms, slb->maxima, query, k, idx_out, score_out, n_out,
+                       n_rescored_out, simd_level());
+    });
+}
+
+int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, const int64_t *tool_offsets,
+                                   int64_t n_tools, int32_t floor_k, float base, float *out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        require_ptr(query, "query");
+        require_ptr(out, "out");
+        check_offsets(tool_offsets, n_tools, slb->rows.n);
+        if (floor_k < 0) invalid("floor_k must be >= 0, got " + std::to_string(floor_k));
+        thread_local std::vector<int8_t> q;
+        q.resize(static_cast<size_t>(slb->rows.dim));
+        const float qs = quantize_row(query, slb->rows.dim, 0, q.data());
+        tool_scores_run(slb->rows, q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
+    });
+}
+
+int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
+                                  int32_t n_warmup, int32_t n_reps, double *ns_out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        check_topk_args(slb->rows.db, slb->rows.n, slb->rows.dim, query, query_scale, k);
+        time_topk(slb->rows, query, query_scale, k, n_warmup, n_reps, ns_out);
     });
 }
 

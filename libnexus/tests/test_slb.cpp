@@ -223,6 +223,67 @@ int main() {
         CHECK_ERR(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), nullptr, n, dim, qf.data(), 1, idx.data(),
                                        sc.data(), &got, nullptr), NEXUS_ERR_INVALID, "row_norms");
     }
+    // a prepared SLB (panels on a VNNI CPU) scans exactly like the plain calls: awkward row counts and dims, extreme
+    // values, every level, top-k, exact top-k and per-tool scores
+    for (int dim : {1, 3, 5, 64, 383, 384}) {
+        for (int64_t n : {1, 63, 64, 65, 300}) {
+            std::vector<float> x(n * dim);
+            for (auto &v : x) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+            std::vector<int8_t> db(n * dim);
+            std::vector<float> scales(n), norms(2 * n);
+            CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+            CHECK_OK(nexus_slb_row_norms(db.data(), scales.data(), x.data(), n, dim, norms.data()));
+            nexus_slb *slb = nullptr;
+            CHECK_OK(nexus_slb_create(db.data(), scales.data(), x.data(), norms.data(), n, dim, &slb));
+            std::vector<int8_t> q(dim);
+            for (auto &v : q) v = rng.i8();
+            q[0] = -128;
+            std::vector<float> qf(dim);
+            for (auto &v : qf) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+            const std::vector<int64_t> offsets = {0, n / 2, n};
+            for (int32_t level : levels) {
+                CHECK_OK(nexus_simd_set_level(level));
+                for (int32_t k : {1, 5, 65}) {
+                    std::vector<int64_t> i1(k), i2(k);
+                    std::vector<float> s1(k), s2(k);
+                    int32_t m1 = 0, m2 = 0;
+                    CHECK_OK(nexus_slb_topk(db.data(), scales.data(), n, dim, q.data(), 0.01f, k, i1.data(), s1.data(), &m1));
+                    CHECK_OK(nexus_slb_scan_topk(slb, q.data(), 0.01f, k, i2.data(), s2.data(), &m2));
+                    CHECK(m1 == m2 && i1 == i2 && s1 == s2);
+                    int64_t r1 = 0, r2 = 0;
+                    CHECK_OK(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), norms.data(), n, dim, qf.data(), k,
+                                                  i1.data(), s1.data(), &m1, &r1));
+                    CHECK_OK(nexus_slb_scan_topk_exact(slb, qf.data(), k, i2.data(), s2.data(), &m2, &r2));
+                    CHECK(m1 == m2 && i1 == i2 && s1 == s2 && r1 == r2);
+                }
+                std::vector<float> t1(2), t2(2);
+                CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), 2, 3, -1.0f,
+                                               t1.data()));
+                CHECK_OK(nexus_slb_scan_tool_scores(slb, qf.data(), offsets.data(), 2, 3, -1.0f, t2.data()));
+                CHECK(t1 == t2);
+            }
+            nexus_slb_free(slb);
+        }
+    }
+    {
+        const int8_t db[4] = {1, 2, 3, 4};
+        const float f[4] = {1, 2, 3, 4};
+        nexus_slb *slb = nullptr;
+        CHECK_ERR(nexus_slb_create(db, nullptr, f, nullptr, 1, 4, &slb), NEXUS_ERR_INVALID, "both or neither");
+        CHECK(slb == nullptr);
+        CHECK_OK(nexus_slb_create(db, nullptr, nullptr, nullptr, 1, 4, &slb));
+        int64_t idx[1];
+        float sc[1];
+        int32_t got = 0;
+        CHECK_ERR(nexus_slb_scan_topk_exact(slb, f, 1, idx, sc, &got, nullptr), NEXUS_ERR_INVALID, "float32 rows");
+        CHECK_ERR(nexus_slb_scan_topk(nullptr, db, 1.0f, 1, idx, sc, &got), NEXUS_ERR_INVALID, "slb is NULL");
+        double ns[3];
+        CHECK_OK(nexus_slb_scan_topk_timed(slb, db, 1.0f, 1, 1, 3, ns));
+        CHECK(ns[0] >= 0 && ns[2] >= 0);
+        nexus_slb_free(slb);
+        nexus_slb_free(nullptr);
+    }
+
     CHECK_OK(nexus_simd_set_level(saved));
     return finish("test_slb");
 }

@@ -5,8 +5,9 @@ gold tool) and two indexes of the shared registries built with the shipped route
 draw of --small tools, no example requests: a user's own registry) and `all` (the whole pool with the example
 requests of tool_registries/examples/: the most vectors a router scans). Indexes are cached like the routing
 benchmark's (.nexus/bench-routing/).
-1. The SLB kernel (top-5 of 250 x 384 and 100,000 x 384 random unit rows, as `nexus bench slb`): native scan timed
-   inside libnexus against NumPy float32, and the INT8 top-1's agreement with float32.
+1. The SLB kernel (top-5 of 250 x 384 and 100,000 x 384 random unit rows, as `nexus bench slb`): the prepared scan
+   timed inside libnexus against the row-major scan it replaced and NumPy float32, the INT8 top-1's agreement with
+   float32, and the exact scan (float32 answer) from Python.
 2. The router's scan step of one request, its vectors given: dense scores per tool, BM25, fusion, the top
    candidates and the gate's margin (scoring.request_scores + gate_margin). The product's dense step
    (kernels.SlbToolScorer: quantization, scan and per-tool reduction in one native call) against the one it replaced
@@ -113,8 +114,10 @@ def measure_kernel(seed: int, quick: bool) -> dict:
     rows = {}
     for n in ((250, 10_000) if quick else (250, 100_000)):
         row, _ = bench_slb.measure_size(n, 384, 200 if quick else 2000, seed)
-        rows[str(n)] = {k: row[k] for k in ("n", "dim", "k", "reps", "cpp_us_p50", "python_us_p50", "numpy_f32_us_p50",
-                                            "speedup_cpp_vs_numpy_f32", "top1_agreement")}
+        rows[str(n)] = {k: row[k] for k in ("n", "dim", "k", "reps", "cpp_us_p50", "cpp_row_major_us_p50",
+                                            "speedup_cpp_vs_row_major", "python_us_p50", "numpy_f32_us_p50",
+                                            "speedup_cpp_vs_numpy_f32", "top1_agreement", "exact_us_p50",
+                                            "exact_top1_agreement")}
     return rows
 
 

@@ -199,6 +199,13 @@ def latency(doc) -> list[str]:
     for n, r in s["kernel"].items():
         out.append(f"| SLB top-5 scan, {int(n):,} x 384 (µs; top-1 agreement with f32 {r['top1_agreement']:.3f}) | "
                    f"{r['cpp_us_p50']:.2f} | NumPy f32 {r['numpy_f32_us_p50']:.1f} | {r['speedup_cpp_vs_numpy_f32']:.1f}x |")
+        if r.get("cpp_row_major_us_p50") is not None:
+            out.append(f"| the same scan, row-major rows (the kernel the panels replaced) | {r['cpp_us_p50']:.2f} | "
+                       f"{r['cpp_row_major_us_p50']:.2f} | {r['speedup_cpp_vs_row_major']:.2f}x |")
+        if r.get("exact_us_p50") is not None:
+            out.append(f"| exact top-5 from Python, {int(n):,} x 384 (µs; top-1 agreement with f32 "
+                       f"{r['exact_top1_agreement']:.3f}) | {r['exact_us_p50']:.2f} | NumPy f32 "
+                       f"{r['numpy_f32_us_p50']:.1f} | {r['numpy_f32_us_p50'] / r['exact_us_p50']:.1f}x |")
     for n, r in s["scan_step"].items():
         out.append(f"| scan step, {r['tools']} tools / {r['vectors']:,} vectors (µs; scores identical: "
                    f"{'yes' if r['identical_scores'] else 'NO'}) | {_ci(r['product']['median_ci_us'], 1)} | "

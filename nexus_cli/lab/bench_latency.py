@@ -284,25 +284,35 @@ def _index_format_of(tree: Path) -> int:
     return int(out.stdout.strip())
 
 
-def _as_format_2(index_dir: Path) -> Path:
-    """A format-3 index rewritten in format 2, for a baseline commit that reads only that: tools.json with every key
-    of tools.json and tool_details.json, no interchangeable groups in the manifest, the same slb.bin and lexical.json
-    (what that commit's `nexus index` writes for the same tools: build revision 8 changed only the format)."""
+def _as_format(index_dir: Path, version: int) -> Path:
+    """A format-4 index rewritten in an older format, for a baseline commit that reads only that, as that commit's
+    `nexus index` writes the same tools: format 3 keeps each tool's BM25 token list in lexical.json where format 4
+    keeps each token's postings (build revision 9 changed only that); format 2 also has tools.json with every key of
+    tools.json and tool_details.json and no interchangeable groups in the manifest (revision 8 changed only that). The
+    same slb.bin either way."""
     from ..files import atomic_write_json, sha256_file
+    from ..routing.lexical import docs_of
 
-    out = WORKTREES / "indexes" / f"{index_dir.name}-format2"
     manifest = json.loads((index_dir / "manifest.json").read_text("utf-8"))
-    if manifest["version"] == 2 or (out / "manifest.json").is_file():
-        return index_dir if manifest["version"] == 2 else out
+    if manifest["version"] == version:
+        return index_dir
+    out = WORKTREES / "indexes" / f"{index_dir.name}-format{version}"
+    if (out / "manifest.json").is_file():
+        return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(index_dir, tmp)
-    heads = json.loads((tmp / "tools.json").read_text("utf-8"))
-    details = json.loads((tmp / "tool_details.json").read_text("utf-8"))
-    atomic_write_json(tmp / "tools.json", [{**h, **d} for h, d in zip(heads, details)], compact=True)
-    (tmp / "tool_details.json").unlink()
-    manifest["version"] = 2
-    manifest.pop("interchangeable", None)
+    if manifest["version"] >= 4 and (tmp / "lexical.json").is_file():
+        lex = json.loads((tmp / "lexical.json").read_text("utf-8"))
+        atomic_write_json(tmp / "lexical.json", {"tokenizer": lex["tokenizer"],
+                                                 "docs": docs_of(lex["doc_lengths"], lex["postings"])}, compact=True)
+    if version == 2:
+        heads = json.loads((tmp / "tools.json").read_text("utf-8"))
+        details = json.loads((tmp / "tool_details.json").read_text("utf-8"))
+        atomic_write_json(tmp / "tools.json", [{**h, **d} for h, d in zip(heads, details)], compact=True)
+        (tmp / "tool_details.json").unlink()
+        manifest.pop("interchangeable", None)
+    manifest["version"] = version
     manifest["files"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())
                          if p.is_file() and p.name != "manifest.json"}
     atomic_write_json(tmp / "manifest.json", manifest, compact=True)
@@ -353,10 +363,10 @@ def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | 
         trees["baseline"] = _baseline_tree(baseline_ref, progress)
         sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
         fmt = _index_format_of(trees["baseline"][0])
-        if fmt not in (2, 3):
+        if fmt not in (2, 3, 4):
             raise UsageError(f"--baseline-ref {baseline_ref} writes index format {fmt}; this benchmark gives a "
-                             "baseline format 2 or 3")
-        indexes["baseline"] = _as_format_2(index_dir) if fmt == 2 else index_dir
+                             "baseline format 2, 3 or 4")
+        indexes["baseline"] = _as_format(index_dir, fmt)
     times = {k: [] for k in trees}
     esc = {k: [] for k in trees}
     decisions = {k: {} for k in trees}

@@ -6,7 +6,7 @@ An index directory holds
   slb.bin         the SLB: 128-byte header, servers, names, vector→tool owners, scales, INT8 vectors (little-endian)
   tools.json      per tool, what a route without arguments reads: server, name, description, signature, problems
   tool_details.json  per tool: described signature, GBNF grammar, input and normalized schemas, example requests
-  lexical.json    per tool BM25 token lists (the lexical half of the hybrid retriever)
+  lexical.json    each token's BM25 postings and each tool's length (the lexical half of the hybrid retriever)
   embedder/       optional: the router embedder fine-tuned at build time (--finetune)
 
 It is written atomically: everything goes into a temporary sibling directory, which is renamed into place at the end
@@ -35,7 +35,7 @@ from ..models import canonical_name
 from ..registry import Tool, interchangeable_groups, interchangeable_map
 from .finetune import finetune_embedder, finetune_record
 from .index import INDEX_FORMAT_VERSION, ToolEntry, recover_index_dir, split_entry, swap_into_place
-from .lexical import BM25
+from .lexical import BM25, postings_of
 from .scoring import gate_margin, request_scores, request_texts
 from .slb import SLB, write_slb
 
@@ -53,7 +53,7 @@ DEFAULT_VALUE_MASKING = True
 # join their tool's BM25 document. 5: twelve examples per tool. 6: the gate's margin leaves out interchangeable tools
 # (the same tool on another server, registry.interchangeable_groups). 7: tools.json stores the normalized schema.
 # 8: index format 3 (tools.json and tool_details.json; the interchangeable groups in the manifest).
-BUILD_REVISION = 8
+BUILD_REVISION = 9
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
 EXAMPLES_PER_TOOL = 12
@@ -358,7 +358,9 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
         atomic_write_json(tmp / "tools.json", list(heads), compact=True)
         atomic_write_json(tmp / "tool_details.json", list(details), compact=True)
         if lex_docs is not None:
-            atomic_write_json(tmp / "lexical.json", {"tokenizer": "textgen.lex_tokens/v1", "docs": lex_docs}, compact=True)
+            atomic_write_json(tmp / "lexical.json", {"tokenizer": "textgen.lex_tokens/v1",
+                                                     "doc_lengths": [len(d) for d in lex_docs],
+                                                     "postings": postings_of(lex_docs)}, compact=True)
         if ft_dir is not None:
             shutil.move(str(ft_dir), str(tmp / "embedder"))
             ft_dir = None

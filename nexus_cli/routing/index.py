@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 # 2: each tool's normalized schema is stored in tools.json. 3: tools.json keeps each tool's head (what a route without
 # arguments reads) and tool_details.json the rest; the manifest holds the interchangeable groups
-INDEX_FORMAT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+INDEX_FORMAT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 HEAD_KEYS = ("server", "name", "description", "signature", "problems", "ok")  # tools.json (format 3)
 DETAIL_KEYS = ("described_signature", "grammar", "input_schema", "schema", "examples")  # tool_details.json
 
@@ -162,9 +162,23 @@ def load_index(path: str | Path) -> Index:
     bm25 = None
     lp = p / "lexical.json"
     if lp.is_file():
-        docs = json.loads(lp.read_text("utf-8"))["docs"]
-        bm25 = BM25(docs)
+        bm25 = _read_lexical(lp, slb.n_tools)
     return Index(path=p, manifest=manifest, slb=slb, heads=heads, bm25=bm25, _tools=tools)
+
+
+def _read_lexical(path: Path, n_tools: int) -> BM25:
+    """lexical.json: each token's postings (format 4), or each tool's token list (formats 2 and 3)."""
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{path} is unreadable: {e}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("postings"), dict) and isinstance(doc.get("doc_lengths"), list):
+        if len(doc["doc_lengths"]) != n_tools:
+            raise FormatError(f"index {path.parent}: lexical.json does not match slb.bin")
+        return BM25.from_postings(doc["doc_lengths"], doc["postings"])
+    if isinstance(doc, dict) and isinstance(doc.get("docs"), list):
+        return BM25(doc["docs"])
+    raise FormatError(f"{path}: neither postings nor token lists")
 
 
 def _read_tool_list(path: Path, n_tools: int) -> list[dict]:

@@ -3,49 +3,94 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 
+def postings_of(docs: Sequence[Sequence[str]]) -> dict[str, list[int]]:
+    """Each token's postings as lexical.json (format 4) stores them: [tool, term frequency, tool, tf, …], tools
+    ascending."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(docs):
+        for tok, tf in Counter(d).items():
+            out.setdefault(tok, []).extend((i, tf))
+    return out
+
+
+def docs_of(doc_lengths: Sequence[int], postings: dict[str, list[int]]) -> list[list[str]]:
+    """Token lists with the same term frequencies and lengths (the order within a list is not kept: BM25 does not
+    read it), for a reader of the older format."""
+    docs: list[list[str]] = [[] for _ in doc_lengths]
+    for tok, flat in postings.items():
+        for i, tf in zip(flat[0::2], flat[1::2]):
+            docs[i].extend([tok] * tf)
+    return docs
+
+
 class BM25:
     """Okapi BM25 over per-tool token lists (k1=1.2, b=0.75).
 
-    A token's postings (the tools that hold it, with their term weights) and its idf are found when a query first
-    uses it, by counting it in every tool's list, and kept: a one-shot route reads a handful of tokens, and building
-    every token's postings up front was 60 % of loading a 955-tool index (80 of 133 ms); a warm router soon holds
-    the tokens its requests use."""
+    A token's postings (the tools that hold it, with their term weights) and its idf are made when a query first
+    uses it, and kept: a one-shot route reads a handful of tokens. From an index's stored postings
+    (`from_postings`, lexical.json format 4) that reads one list per token; from token lists (`BM25(docs)`: the
+    index builder, and indexes of formats 2 and 3) it counts the token in every tool's list, ~1 ms a token at 955
+    tools, which is why the index stores postings. Building every token's weights up front was 60 % of loading a
+    955-tool index (80 of 133 ms)."""
 
-    def __init__(self, docs: Sequence[Sequence[str]], k1: float = 1.2, b: float = 0.75):
-        self.n = len(docs)
+    def __init__(self, docs: Sequence[Sequence[str]] | None = None, k1: float = 1.2, b: float = 0.75, *,
+                 doc_lengths: Sequence[int] | None = None, postings: dict[str, list[int]] | None = None):
         self.k1, self.b = k1, b
-        self._docs = list(docs)  # each document only needs .count(token), which lists and tuples have
-        lens = np.asarray([len(d) for d in self._docs], dtype=np.float64)
+        self._docs = list(docs) if docs is not None else None  # each document only needs .count(token)
+        self._stored = postings
+        if docs is not None:
+            doc_lengths = [len(d) for d in self._docs]
+        lens = np.asarray(doc_lengths if doc_lengths is not None else [], dtype=np.float64)
+        self.n = int(lens.size)
         self.avgdl = float(lens.mean()) if self.n else 1.0
         self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
         self._cache: dict[str, tuple[np.ndarray, np.ndarray, float] | None] = {}
+
+    @classmethod
+    def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]]) -> "BM25":
+        return cls(doc_lengths=doc_lengths, postings=postings)
+
+    def _counts(self, tok: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(tool indices ascending, term frequencies) of a token, or None when no tool holds it."""
+        if self._stored is not None:
+            flat = self._stored.get(tok)
+            if not flat:
+                return None
+            a = np.asarray(flat, dtype=np.int64)
+            return a[0::2], a[1::2].astype(np.float64)
+        idx, tfs = [], []
+        for i, d in enumerate(self._docs):
+            tf = d.count(tok)
+            if tf:
+                idx.append(i)
+                tfs.append(tf)
+        if not idx:
+            return None
+        return np.asarray(idx, dtype=np.int64), np.asarray(tfs, dtype=np.float64)
 
     def _postings(self, tok: str):
         """(tool indices, term weights, idf) of a token, or None when no tool holds it."""
         if tok in self._cache:
             return self._cache[tok]
-        k1 = self.k1
-        idx, w = [], []
-        for i, d in enumerate(self._docs):
-            tf = d.count(tok)
-            if tf:
-                idx.append(i)
-                w.append(tf * (k1 + 1) / (tf + self._norm[i]))
         entry = None
-        if idx:
+        counts = self._counts(tok)
+        if counts is not None:
+            idx, tf = counts
+            w = tf * (self.k1 + 1) / (tf + self._norm[idx])
             idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
-            entry = (np.asarray(idx, dtype=np.int64), np.asarray(w, dtype=np.float64), idf)
+            entry = (idx, w, idf)
         self._cache[tok] = entry
         return entry
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float64)
-        for tok in set(tokens):
+        for tok in sorted(set(tokens)):  # sorted: the same order of additions, so the same bits, in every process
             entry = self._postings(tok)
             if entry is not None:
                 out[entry[0]] += entry[2] * entry[1]

@@ -280,6 +280,52 @@ def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale:
     return ns
 
 
+class LexTable:
+    """The router's BM25 postings in native memory (nexus_lex_*): `add` registers one token's postings (tools and
+    term scores) and returns its id, 0, 1, 2, ...; a request scan sums its texts' tokens there. Safe to add to and
+    read from several threads."""
+
+    def __init__(self, n_docs: int):
+        if n_docs < 1:
+            raise UsageError(f"a lexical table needs at least one tool, got {n_docs}")
+        self._lib = _native.lib()
+        self._h = None
+        self.n_docs = int(n_docs)
+        h = _native.out("ptr")
+        _native.check(self._lib.nexus_lex_create(self.n_docs, _native.ref(h)))
+        self._h = h
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise NexusError("the lexical table is closed")
+        return self._h
+
+    def add(self, docs: np.ndarray, terms: np.ndarray) -> int:
+        d = np.ascontiguousarray(docs, dtype=np.int64).reshape(-1)
+        t = np.ascontiguousarray(terms, dtype=np.float64).reshape(-1)
+        if d.size != t.size:
+            raise UsageError(f"{d.size} tools but {t.size} term scores")
+        out = _native.out("i32")
+        _native.check(self._lib.nexus_lex_add(self.handle, _ptr(d) if d.size else None,
+                                              _ptr(t) if t.size else None, d.size, _native.ref(out)))
+        return int(out.value)
+
+    def scores(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        out = np.empty(self.n_docs, dtype=np.float64)
+        _native.check(self._lib.nexus_lex_scores(self.handle, _ptr(ids) if ids.size else None, ids.size, _ptr(out)))
+        return out
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.nexus_lex_free(h)
+
+    def __del__(self):
+        self.close()
+
+
 class SlbToolScorer:
     """Per-tool scores of float32 queries over a fixed database whose rows are grouped by tool
     (nexus_slb_tool_scores): the query is quantized, every row scored and each tool's best row kept, in one native
@@ -305,11 +351,36 @@ class SlbToolScorer:
         self._offsets = np.searchsorted(owners, np.arange(self.n_tools + 1), side="left").astype(np.int64)
         self.query = np.zeros(self.dim, dtype=np.float32)
         self._out = np.empty(self.n_tools, dtype=np.float32)
+        self._floor_k, self._base = int(floor_k), float(base)
         self._slb = PreparedSlb(db, self._scales)
         self._call = _native.FastCall(
             "nexus_slb_scan_tool_scores", self._slb.handle, _native.voidp(_ptr(self.query)),
-            _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(int(floor_k)),
-            _native.c_f32(float(base)), _native.voidp(_ptr(self._out)))
+            _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
+            _native.c_f32(self._base), _native.voidp(_ptr(self._out)))
+        self._texts = _native.c_i32(1)  # per-call arguments of the request scan, set in place
+        self._lex_weight = _native.c_f64(0.0)
+        self._grow(2)  # a request is scored as one or two texts (scoring.request_texts)
+
+    def _grow(self, n_texts: int, n_tokens: int = 64) -> None:
+        """Buffers and pre-converted calls of the request scan for up to n_texts texts and n_tokens tokens."""
+        self._queries = np.zeros((n_texts, self.dim), dtype=np.float32)
+        self._tokens = np.zeros(n_tokens, dtype=np.int32)
+        self._token_offsets = np.zeros(n_texts + 1, dtype=np.int64)
+        self._fused = np.empty(self.n_tools, dtype=np.float64)
+        self._request_calls = {}  # per lexical table (None: dense only)
+
+    def _request_call(self, table):
+        key = id(table) if table is not None else None
+        entry = self._request_calls.get(key)
+        if entry is None:
+            call = _native.FastCall(
+                "nexus_slb_scan_request", self._slb.handle, _native.voidp(_ptr(self._queries)), self._texts,
+                _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
+                _native.c_f32(self._base), table.handle if table is not None else _native.voidp(None),
+                _native.voidp(_ptr(self._tokens)), _native.voidp(_ptr(self._token_offsets)), self._lex_weight,
+                _native.voidp(_ptr(self._fused)))
+            entry = self._request_calls[key] = (call, table)  # the table lives as long as the call naming it
+        return entry[0]
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         try:
@@ -318,6 +389,69 @@ class SlbToolScorer:
             raise UsageError(f"query must be a float array of {self.dim} values") from None
         self._call()
         return self._out
+
+    def request(self, vectors: Sequence[np.ndarray], table: "LexTable | None" = None,
+                tokens: Sequence[Sequence[int]] | None = None, lex_weight: float = 0.0) -> np.ndarray:
+        """The fused float64 scores of one request scored as several texts, in one native call
+        (nexus_slb_scan_request): per text the dense per-tool score plus, with a lexical table and lex_weight > 0,
+        lex_weight * BM25 / max(BM25) of the text's tokens (ids in `table`, in the order to add them), then the mean
+        over the texts. Returns the scorer's own buffer, overwritten by the next call."""
+        n = len(vectors)
+        if n < 1:
+            raise UsageError("a request needs at least one text")
+        with_lex = table is not None and lex_weight > 0
+        if with_lex and (tokens is None or len(tokens) != n):
+            raise UsageError("give one token list per text")
+        if with_lex and table.n_docs != self.n_tools:
+            raise UsageError(f"the lexical table has {table.n_docs} tools, the scorer {self.n_tools}")
+        n_tok = sum(len(t) for t in tokens) if with_lex else 0
+        if n > self._queries.shape[0] or n_tok > self._tokens.size:
+            self._grow(max(n, self._queries.shape[0]), max(n_tok, self._tokens.size))
+        try:
+            for t, v in enumerate(vectors):
+                np.copyto(self._queries[t], v, casting="same_kind")
+        except (TypeError, ValueError):
+            raise UsageError(f"each query must be a float array of {self.dim} values") from None
+        if with_lex:
+            at = 0
+            for t, ids in enumerate(tokens):
+                self._tokens[at:at + len(ids)] = ids
+                at += len(ids)
+                self._token_offsets[t + 1] = at
+        self._texts.value = n
+        self._lex_weight.value = float(lex_weight)
+        self._request_call(table if with_lex else None)()
+        return self._fused
+
+
+class ToolRanker:
+    """The router's ranking of per-tool scores (nexus_rank_tools): the k best tools (a stable descending sort's first
+    k, NaN last) and the gate's margin against the best tool outside the top one's group of interchangeable copies
+    (group_ids[i] >= 0, -1 none), in one native call with pre-converted arguments."""
+
+    def __init__(self, group_ids: np.ndarray, k: int):
+        self._groups = np.ascontiguousarray(group_ids, dtype=np.int32).reshape(-1)
+        self.n = int(self._groups.size)
+        if self.n < 1 or k < 1:
+            raise UsageError("a ranking needs at least one tool and k >= 1")
+        self.k = min(int(k), self.n)
+        self.scores = np.zeros(self.n, dtype=np.float64)
+        self._order = np.empty(self.k, dtype=np.int64)
+        self._n_out = _native.c_i32(0)
+        self._margin = _native.c_f64(0.0)
+        self._call = _native.FastCall(
+            "nexus_rank_tools", _native.voidp(_ptr(self.scores)), _native.c_i64(self.n), _native.c_i32(self.k),
+            _native.voidp(_ptr(self._groups)), _native.voidp(_ptr(self._order)), _native.ref(self._n_out),
+            _native.ref(self._margin))
+
+    def rank(self, scores: np.ndarray) -> tuple[np.ndarray, float]:
+        """(the k best tools' indices, a new array; the margin)."""
+        try:
+            np.copyto(self.scores, scores, casting="same_kind")
+        except (TypeError, ValueError):
+            raise UsageError(f"scores must be a float array of {self.n} values") from None
+        self._call()
+        return self._order[: self._n_out.value].copy(), float(self._margin.value)
 
 
 # ---------------------------------------------------------------- dense layer, float16 weights

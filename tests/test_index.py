@@ -137,6 +137,45 @@ def test_native_scan_step_keeps_every_score_of_the_one_it_replaced(forge_index, 
     assert res["identical_scores"] is True and res["product"]["n"] == res["previous"]["n"] == 6
 
 
+def test_rank_is_a_stable_sort_and_the_gates_margin():
+    """The native ranking (kernels.ToolRanker, scoring.rank): the k best tools as a stable descending sort orders them
+    (ties to the lower index, NaN last), and gate_margin of the first with its interchangeable copies excluded, also
+    when every other tool is a copy of the top one."""
+    from nexus_cli import kernels
+    from nexus_cli.routing.scoring import gate_margin
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(1, 60))
+        scores = np.round(rng.standard_normal(n), 1)  # many exact ties
+        if trial % 10 == 0:
+            scores[rng.integers(0, n)] = np.nan
+        if trial % 7 == 0:
+            scores[rng.integers(0, n)] = -np.inf
+        groups = rng.integers(-3, max(1, n // 3), n).astype(np.int32)
+        groups[groups < 0] = -1
+        if trial % 11 == 0:
+            groups[:] = 0  # one group: no other tool
+        twins = {i: tuple(int(j) for j in np.flatnonzero(groups == groups[i]) if j != i) if groups[i] >= 0 else ()
+                 for i in range(n)}
+        for k in (1, 2, 5, n, n + 3):
+            order, margin = kernels.ToolRanker(groups, k).rank(scores)
+            want = np.argsort(-scores, kind="stable")[:min(k, n)]
+            assert np.array_equal(order, want), (trial, k)
+            assert margin == gate_margin(scores, int(want[0]), twins[int(want[0])]), (trial, k)
+
+
+def test_index_group_ids_name_the_interchangeable_copies(forge_index):
+    out, _ = forge_index
+    idx = load_index(out)
+    ids = idx.group_ids
+    assert ids.shape == (len(idx.heads),) and ids.dtype == np.int32
+    for i in range(len(ids)):
+        twins = idx.interchangeable(i)
+        assert (ids[i] == -1) == (not twins)
+        assert all(ids[j] == ids[i] for j in twins)
+
+
 # ---------------------------------------------------------------------------------------------- build
 
 

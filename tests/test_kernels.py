@@ -534,6 +534,96 @@ def test_slb_tool_scores_match_reference_and_the_topk_view_every_level(restore_l
     assert got[1] == second_best
 
 
+def test_slb_request_scan_is_the_numpy_fusion_of_its_texts_every_level(restore_level):
+    """SlbToolScorer.request (nexus_slb_scan_request): per text the per-tool dense score plus the weighted BM25 of its
+    tokens scaled by its maximum, the mean over the texts, bit for bit as scoring.fuse, BM25.scores and the mean in
+    NumPy; one to three texts (two share a pass over the rows), no lexical part, a text none of whose tokens any tool
+    holds, scans before and after the panels are made."""
+    from nexus_cli.routing.lexical import BM25
+    from nexus_cli.routing.scoring import fuse
+
+    rng = np.random.default_rng(78)
+    words = [f"w{i}" for i in range(30)]
+    for trial in range(12):
+        n_tools = int(rng.integers(1, 40))
+        counts = rng.integers(1, 5, n_tools)
+        owners = np.repeat(np.arange(n_tools), counts)
+        dim = int(rng.choice([7, 64, 384]))
+        db, scales = kernels.quantize_i8(rng.standard_normal((int(counts.sum()), dim)).astype(np.float32))
+        bm25 = BM25([list(rng.choice(words, size=int(rng.integers(1, 12)))) for _ in range(n_tools)])
+        for level in LEVELS:
+            kernels.set_simd_level(level)
+            scorer = kernels.SlbToolScorer(db, scales, owners, n_tools, floor_k=3, base=-1.0)
+            for n_texts in (1, 2, 3, 2, 2):
+                vecs = [rng.standard_normal(dim).astype(np.float32) for _ in range(n_texts)]
+                toks = [list(rng.choice(words + ["unseen"], size=int(rng.integers(0, 6)))) for _ in range(n_texts)]
+                toks[0] = ["unseen"]  # no tool holds it: nothing added
+                for lw in (0.0, 0.35):
+                    want = None
+                    for v, tk in zip(vecs, toks):
+                        f = fuse(scorer.scores(v).copy(), bm25.scores(tk), lw)
+                        want = f if want is None else want + f
+                    want = want / n_texts
+                    ids = [bm25.token_ids(tk) for tk in toks]
+                    got = scorer.request(vecs, bm25.table, ids, lw)
+                    assert np.array_equal(got, want), (trial, level, n_texts, lw)
+                    if lw == 0.0:
+                        assert np.array_equal(scorer.request(vecs), want)
+    with pytest.raises(UsageError, match="at least one text"):
+        scorer.request([])
+    with pytest.raises(UsageError, match="one token list per text"):
+        scorer.request([vecs[0]], bm25.table, None, 0.5)
+
+
+def test_lex_table_sums_as_bm25_and_refuses_what_it_does_not_hold():
+    from nexus_cli.routing.lexical import BM25
+
+    rng = np.random.default_rng(79)
+    words = [f"w{i}" for i in range(40)]
+    bm25 = BM25([list(rng.choice(words, size=int(rng.integers(1, 20)))) for _ in range(50)])
+    for _ in range(30):
+        q = list(rng.choice(words + ["nope"], size=int(rng.integers(0, 9))))
+        assert np.array_equal(bm25.table.scores(bm25.token_ids(q)), bm25.scores(q))
+    assert bm25.token_ids(["w3", "w3", "nope"]) == bm25.token_ids(["w3"])  # once each; unknown tokens left out
+    table = kernels.LexTable(3)
+    assert table.add(np.array([0, 2]), np.array([1.5, 0.25])) == 0
+    assert table.add(np.array([], dtype=np.int64), np.array([])) == 1
+    assert table.scores([0, 1, 0]).tolist() == [3.0, 0.0, 0.5]
+    with pytest.raises(NativeError, match="token 2 is not registered"):
+        table.scores([2])
+    with pytest.raises(NativeError, match="doc 3 is outside 0..2"):
+        table.add(np.array([3]), np.array([1.0]))
+    with pytest.raises(UsageError, match="2 tools but 1 term"):
+        table.add(np.array([0, 1]), np.array([1.0]))
+    with pytest.raises(UsageError, match="at least one tool"):
+        kernels.LexTable(0)
+
+
+def test_lex_table_takes_adds_and_sums_from_several_threads():
+    """Requests served from several threads register new tokens while others sum: every sum is still exact."""
+    from nexus_cli.routing.lexical import BM25
+
+    rng = np.random.default_rng(80)
+    words = [f"w{i}" for i in range(400)]
+    bm25 = BM25([list(rng.choice(words, size=30)) for _ in range(200)])
+    queries = [list(rng.choice(words, size=6)) for _ in range(300)]
+    want = [bm25.scores(q) for q in queries]
+    bad = []
+
+    def work(part):
+        for i in range(part, len(queries), 4):
+            if not np.array_equal(bm25.table.scores(bm25.token_ids(queries[i])), want[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    assert len(set(bm25._ids.values())) == len(bm25._ids)  # one id per token
+
+
 def test_slb_tool_scorer_errors():
     db, scales = kernels.quantize_i8(np.ones((3, 4), np.float32))
     with pytest.raises(UsageError, match="grouped by tool"):

@@ -276,6 +276,51 @@ NEXUS_VNNI_TARGET void dots_panels(const uint8_t *panels, int64_t begin, int64_t
         if (dst == d) std::memcpy(out + r, d, static_cast<size_t>(m - r) * sizeof(int32_t));
     }
 }
+
+// dots_panels for two queries in one pass: each panel block is loaded once and multiplied with both (a request is
+// scored as its text and its value-masked text, and the scan is bound by reading the rows).
+NEXUS_VNNI_TARGET void dots_panels2(const uint8_t *panels, int64_t begin, int64_t m, int32_t dim4, const int32_t *qa,
+                                    const int32_t *qb, int32_t corr_a, int32_t corr_b, int32_t *out_a,
+                                    int32_t *out_b) {
+    const __m512i ca = _mm512_set1_epi32(corr_a), cb = _mm512_set1_epi32(corr_b);
+    const int32_t steps = dim4 / 4;
+    for (int64_t r = 0; r < m; r += kPanelRows) {
+        const uint8_t *p = panels + (begin + r) * dim4;
+        __m512i a[2][4], b[2][4];  // [phase][block]: sixteen independent accumulators
+        for (int ph = 0; ph < 2; ++ph)
+            for (int k = 0; k < 4; ++k) a[ph][k] = b[ph][k] = _mm512_setzero_si512();
+        int32_t j = 0;
+        for (; j + 2 <= steps; j += 2, p += 512) {
+            for (int ph = 0; ph < 2; ++ph) {
+                const __m512i va = _mm512_set1_epi32(qa[j + ph]), vb = _mm512_set1_epi32(qb[j + ph]);
+                for (int k = 0; k < 4; ++k) {
+                    const __m512i x = _mm512_load_si512(p + ph * 256 + k * 64);
+                    a[ph][k] = _mm512_dpbusd_epi32(a[ph][k], x, va);
+                    b[ph][k] = _mm512_dpbusd_epi32(b[ph][k], x, vb);
+                }
+            }
+        }
+        if (j < steps) {
+            const __m512i va = _mm512_set1_epi32(qa[j]), vb = _mm512_set1_epi32(qb[j]);
+            for (int k = 0; k < 4; ++k) {
+                const __m512i x = _mm512_load_si512(p + k * 64);
+                a[0][k] = _mm512_dpbusd_epi32(a[0][k], x, va);
+                b[0][k] = _mm512_dpbusd_epi32(b[0][k], x, vb);
+            }
+        }
+        alignas(64) int32_t da[kPanelRows], db[kPanelRows];
+        const bool whole = m - r >= kPanelRows;
+        int32_t *oa = whole ? out_a + r : da, *ob = whole ? out_b + r : db;
+        for (int k = 0; k < 4; ++k) {
+            _mm512_storeu_si512(oa + 16 * k, _mm512_sub_epi32(_mm512_add_epi32(a[0][k], a[1][k]), ca));
+            _mm512_storeu_si512(ob + 16 * k, _mm512_sub_epi32(_mm512_add_epi32(b[0][k], b[1][k]), cb));
+        }
+        if (!whole) {
+            std::memcpy(out_a + r, da, static_cast<size_t>(m - r) * sizeof(int32_t));
+            std::memcpy(out_b + r, db, static_cast<size_t>(m - r) * sizeof(int32_t));
+        }
+    }
+}
 #endif
 
 #if defined(__aarch64__)
@@ -468,6 +513,25 @@ void score_rows(const Rows &rows, const Query &query, float query_scale, float *
     }
 }
 
+// score_rows for two queries; one pass over the panels where the level reads them.
+void score_rows2(const Rows &rows, const Query &qa, float sa, const Query &qb, float sb, float *out_a, float *out_b,
+                 int32_t level) {
+#if defined(__x86_64__)
+    if (rows.panels && level == NEXUS_SIMD_AVX512_VNNI) {
+        alignas(64) int32_t da[kBlock], db[kBlock];
+        for (int64_t b = 0; b < rows.n; b += kBlock) {
+            const int64_t m = std::min<int64_t>(kBlock, rows.n - b);
+            dots_panels2(rows.panels, b, m, padded_dim(rows.dim), qa.q4, qb.q4, qa.corr, qb.corr, da, db);
+            score_block(da, rows.scales ? rows.scales + b : nullptr, sa, m, out_a + b, level);
+            score_block(db, rows.scales ? rows.scales + b : nullptr, sb, m, out_b + b, level);
+        }
+        return;
+    }
+#endif
+    score_rows(rows, qa, sa, out_a, level);
+    score_rows(rows, qb, sb, out_b, level);
+}
+
 // A scan this large is split over threads (each part at least this many bytes): one core's loads do not reach the
 // memory bandwidth (100,000 x 384 bytes: 29 GB/s on one core, 49 GB/s on two), and a thread costs tens of µs.
 constexpr int64_t kThreadBytes = int64_t{8} << 20;
@@ -605,13 +669,10 @@ float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
 
 // Per-tool scores (see nexus_slb_tool_scores): every row scored once, block by block, then each tool's maximum over
 // its rows (rows are grouped by tool: offsets), raised to the floor.
-void tool_scores_run(const Rows &rows, const int8_t *q, float qs, const int64_t *offsets, int64_t n_tools,
-                     int32_t floor_k, float base, float *out, int32_t level) {
-    thread_local std::vector<float> all;
-    thread_local std::vector<int32_t> words;
-    const int64_t n = rows.n;
-    if (all.size() < static_cast<size_t>(n)) all.resize(static_cast<size_t>(n));
-    score_rows(rows, make_query(rows, q, words), qs, all.data(), level);
+// Each tool's best row score raised to the floor (see nexus_slb_tool_scores), from every row's score; all[0..n) is
+// the caller's scratch (reordered, its NaNs made -inf).
+void reduce_tools(float *all, int64_t n, const int64_t *offsets, int64_t n_tools, int32_t floor_k, float base,
+                  float *out) {
     for (int64_t t = 0; t < n_tools; ++t) {
         float best = -INFINITY;
         for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
@@ -624,10 +685,20 @@ void tool_scores_run(const Rows &rows, const int8_t *q, float qs, const int64_t 
         // (the top-k scan's view), so every tool is raised to it. NaN ranks lowest.
         for (int64_t r = 0; r < n; ++r)
             if (std::isnan(all[r])) all[r] = -INFINITY;
-        std::nth_element(all.begin(), all.begin() + (floor_k - 1), all.begin() + n, std::greater<float>());
+        std::nth_element(all, all + (floor_k - 1), all + n, std::greater<float>());
         lowest = all[floor_k - 1];
     }
     for (int64_t t = 0; t < n_tools; ++t) out[t] = std::max(out[t], lowest);
+}
+
+void tool_scores_run(const Rows &rows, const int8_t *q, float qs, const int64_t *offsets, int64_t n_tools,
+                     int32_t floor_k, float base, float *out, int32_t level) {
+    thread_local std::vector<float> all;
+    thread_local std::vector<int32_t> words;
+    const int64_t n = rows.n;
+    if (all.size() < static_cast<size_t>(n)) all.resize(static_cast<size_t>(n));
+    score_rows(rows, make_query(rows, q, words), qs, all.data(), level);
+    reduce_tools(all.data(), n, offsets, n_tools, floor_k, base, out);
 }
 
 void check_offsets(const int64_t *offsets, int64_t n_tools, int64_t n) {
@@ -1046,6 +1117,73 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
         q.resize(static_cast<size_t>(slb->rows.dim));
         const float qs = quantize_row(query, slb->rows.dim, 0, q.data());
         tool_scores_run(slb->current(), q.data(), qs, tool_offsets, n_tools, floor_k, base, out, simd_level());
+    });
+}
+
+int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
+                               int64_t n_tools, int32_t floor_k, float base, const nexus_lex *lex,
+                               const int32_t *tokens, const int64_t *token_offsets, double lex_weight, double *out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        require_ptr(queries, "queries");
+        require_ptr(out, "out");
+        if (n_texts < 1) invalid("n_texts must be >= 1, got " + std::to_string(n_texts));
+        check_offsets(tool_offsets, n_tools, slb->rows.n);
+        if (floor_k < 0) invalid("floor_k must be >= 0, got " + std::to_string(floor_k));
+        const bool with_lex = lex != nullptr && lex_weight > 0;
+        if (with_lex) {
+            require_ptr(token_offsets, "token_offsets");
+            if (lex_docs(lex) != n_tools) invalid("the lexical table has " + std::to_string(lex_docs(lex)) +
+                                                  " tools, the request " + std::to_string(n_tools));
+            for (int32_t t = 0; t < n_texts; ++t)
+                if (token_offsets[t + 1] < token_offsets[t] || token_offsets[0] != 0)
+                    invalid("token_offsets must start at 0 and be non-decreasing");
+            if (token_offsets[n_texts] > 0) require_ptr(tokens, "tokens");
+        }
+        const int32_t dim = slb->rows.dim;
+        const int64_t n = slb->rows.n;
+        thread_local std::vector<int8_t> q;
+        thread_local std::vector<float> rows_a, rows_b, dense;
+        thread_local std::vector<double> bm25;
+        thread_local std::vector<int32_t> words_a, words_b;
+        q.resize(static_cast<size_t>(2 * dim));
+        rows_a.resize(static_cast<size_t>(n));
+        rows_b.resize(static_cast<size_t>(n));
+        dense.resize(static_cast<size_t>(n_tools));
+        if (with_lex) bm25.resize(static_cast<size_t>(n_tools));
+        const Rows rows = slb->current();
+        const int32_t level = simd_level();
+        // one text's fused scores into out: dense + (lex_weight * b) / max(b), as scoring.fuse writes it
+        const auto fuse = [&](int32_t t, float *row_scores) {
+            reduce_tools(row_scores, n, tool_offsets, n_tools, floor_k, base, dense.data());
+            double m = 0.0;
+            if (with_lex) {
+                lex_scores(lex, tokens + token_offsets[t], token_offsets[t + 1] - token_offsets[t], bm25.data());
+                m = -INFINITY;
+                for (int64_t i = 0; i < n_tools; ++i) m = std::max(m, bm25[i]);
+            }
+            for (int64_t i = 0; i < n_tools; ++i) {
+                double v = static_cast<double>(dense[i]);
+                if (with_lex) v = v + (m > 0 ? (lex_weight * bm25[i]) / m : 0.0);
+                out[i] = t == 0 ? v : out[i] + v;
+            }
+        };
+        for (int32_t t = 0; t < n_texts; t += 2) {
+            const float sa = quantize_row(queries + static_cast<int64_t>(t) * dim, dim, t, q.data());
+            const Query qa = make_query(rows, q.data(), words_a);
+            if (t + 1 < n_texts) {  // two texts, one pass over the rows
+                const float sb = quantize_row(queries + static_cast<int64_t>(t + 1) * dim, dim, t + 1, q.data() + dim);
+                const Query qb = make_query(rows, q.data() + dim, words_b);
+                score_rows2(rows, qa, sa, qb, sb, rows_a.data(), rows_b.data(), level);
+                fuse(t, rows_a.data());
+                fuse(t + 1, rows_b.data());
+            } else {
+                score_rows(rows, qa, sa, rows_a.data(), level);
+                fuse(t, rows_a.data());
+            }
+        }
+        if (n_texts > 1)
+            for (int64_t i = 0; i < n_tools; ++i) out[i] = out[i] / static_cast<double>(n_texts);
     });
 }
 

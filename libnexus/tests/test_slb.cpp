@@ -265,6 +265,92 @@ int main() {
             nexus_slb_free(slb);
         }
     }
+    // the request scan: texts in pairs through one pass (and a third alone), the lexical sum, fusion and the mean,
+    // against the per-text calls; the lexical table and the ranking on their own
+    for (int dim : {5, 384}) {
+        for (int64_t n : {63, 130}) {
+            const int64_t n_tools = 7;
+            std::vector<float> x(n * dim);
+            for (auto &v : x) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+            std::vector<int8_t> db(n * dim);
+            std::vector<float> scales(n);
+            CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+            std::vector<int64_t> offsets(n_tools + 1);
+            for (int64_t t = 0; t <= n_tools; ++t) offsets[t] = n * t / n_tools;
+            nexus_slb *slb = nullptr;
+            CHECK_OK(nexus_slb_create(db.data(), scales.data(), nullptr, nullptr, n, dim, &slb));
+            nexus_lex *lex = nullptr;
+            CHECK_OK(nexus_lex_create(n_tools, &lex));
+            int32_t id = -1;
+            const int64_t d0[2] = {1, 5};
+            const double w0[2] = {0.75, 2.0};
+            CHECK_OK(nexus_lex_add(lex, d0, w0, 2, &id));
+            CHECK(id == 0);
+            const int64_t d1[1] = {5};
+            const double w1[1] = {0.5};
+            CHECK_OK(nexus_lex_add(lex, d1, w1, 1, &id));
+            CHECK(id == 1);
+            CHECK_ERR(nexus_lex_add(lex, d1, w1, -1, &id), NEXUS_ERR_INVALID, "count must be >= 0");
+            const int64_t bad_doc[1] = {7};
+            CHECK_ERR(nexus_lex_add(lex, bad_doc, w1, 1, &id), NEXUS_ERR_INVALID, "doc 7 is outside 0..6");
+            std::vector<double> b(n_tools);
+            const int32_t both[2] = {0, 1};
+            CHECK_OK(nexus_lex_scores(lex, both, 2, b.data()));
+            CHECK(b[1] == 0.75 && b[5] == 2.5 && b[0] == 0.0);
+            const int32_t unknown[1] = {2};
+            CHECK_ERR(nexus_lex_scores(lex, unknown, 1, b.data()), NEXUS_ERR_INVALID, "token 2 is not registered");
+            std::vector<float> qf(3 * dim);
+            for (auto &v : qf) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+            const int32_t tokens[3] = {0, 1, 1};
+            const int64_t token_offsets[4] = {0, 2, 2, 3};
+            for (int32_t level : levels) {
+                CHECK_OK(nexus_simd_set_level(level));
+                for (int rep = 0; rep < 3; ++rep) {  // before and after the panels are made
+                    for (int32_t texts = 1; texts <= 3; ++texts) {
+                        std::vector<double> want(n_tools, 0.0), got(n_tools);
+                        for (int32_t t = 0; t < texts; ++t) {
+                            std::vector<float> d(n_tools);
+                            CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data() + t * dim,
+                                                           offsets.data(), n_tools, 4, -1.0f, d.data()));
+                            CHECK_OK(nexus_lex_scores(lex, tokens + token_offsets[t],
+                                                      token_offsets[t + 1] - token_offsets[t], b.data()));
+                            const double m = *std::max_element(b.begin(), b.end());
+                            for (int64_t i = 0; i < n_tools; ++i) {
+                                const double v = static_cast<double>(d[i]) + (m > 0 ? (0.3 * b[i]) / m : 0.0);
+                                want[i] = t == 0 ? v : want[i] + v;
+                            }
+                        }
+                        if (texts > 1)
+                            for (auto &v : want) v = v / texts;
+                        CHECK_OK(nexus_slb_scan_request(slb, qf.data(), texts, offsets.data(), n_tools, 4, -1.0f, lex,
+                                                        tokens, token_offsets, 0.3, got.data()));
+                        CHECK(got == want);
+                    }
+                }
+            }
+            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 0, offsets.data(), n_tools, 4, -1.0f, nullptr, nullptr,
+                                             nullptr, 0.0, b.data()), NEXUS_ERR_INVALID, "n_texts must be >= 1");
+            nexus_lex_free(lex);
+            nexus_slb_free(slb);
+        }
+    }
+    {
+        const double scores[6] = {0.5, 0.9, 0.9, NAN, 0.7, 0.1};
+        const int32_t groups[6] = {-1, 0, 0, -1, -1, -1};
+        int64_t order[6];
+        int32_t got = 0;
+        double margin = 0;
+        CHECK_OK(nexus_rank_tools(scores, 6, 6, groups, order, &got, &margin));
+        CHECK(got == 6 && order[0] == 1 && order[1] == 2 && order[2] == 4 && order[3] == 0 && order[4] == 5 &&
+              order[5] == 3);
+        CHECK(std::isinf(margin));  // the NaN outside the top one's group: no finite margin
+        const double clean[4] = {0.5, 0.9, 0.9, 0.7};
+        CHECK_OK(nexus_rank_tools(clean, 4, 2, groups, order, &got, &margin));
+        CHECK(got == 2 && order[0] == 1 && order[1] == 2 && std::fabs(margin - 0.2) < 1e-12);  // its copy skipped
+        CHECK_OK(nexus_rank_tools(clean, 4, 2, nullptr, order, &got, &margin));
+        CHECK(margin == 0.0);
+        CHECK_ERR(nexus_rank_tools(clean, 0, 2, nullptr, order, &got, &margin), NEXUS_ERR_INVALID, "n must be >= 1");
+    }
     {
         const int8_t db[4] = {1, 2, 3, 4};
         const float f[4] = {1, 2, 3, 4};

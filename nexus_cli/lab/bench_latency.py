@@ -8,11 +8,13 @@ benchmark's (.nexus/bench-routing/).
 1. The SLB kernel (top-5 of 250 x 384 and 100,000 x 384 random unit rows, as `nexus bench slb`): the prepared scan
    timed inside libnexus against the row-major scan it replaced and NumPy float32, the INT8 top-1's agreement with
    float32, and the exact scan (float32 answer) from Python.
-2. The router's scan step of one request, its vectors given: dense scores per tool, BM25, fusion, the top
-   candidates and the gate's margin (scoring.request_scores + gate_margin). The product's dense step
-   (kernels.SlbToolScorer: quantization, scan and per-tool reduction in one native call) against the one it replaced
-   (top-256 scan, then the per-tool maximum in NumPy: `previous_dense`), alternating per request; every request's
-   scores must be identical both ways (checked, reported).
+2. The router's scan step of one request, its texts' vectors and lexical tokens given: dense scores per tool, BM25,
+   fusion, the top candidates and the gate's margin (scoring.request_scores + scoring.rank). The product's step
+   (kernels.SlbToolScorer.request: quantization, scan, per-tool reduction, fusion and the mean over the texts in one
+   native call; the ranking from a partition) against the one it replaced (a native dense call per text, fusion in
+   NumPy, a full sort, the margin from a copy of every score), alternating per request; every request's scores and
+   margin must be identical both ways and with the top-256 dense step before that (`previous_dense`; checked,
+   reported). The lexical tokenization the step is given is timed apart.
 3. The warm request encoder: the request's texts (scoring.request_texts) embedded by the product's encoder (the float16
    model's layers in libnexus) against the same forward pass in NumPy float32 and against sentence-transformers,
    each after warm-up, alternating the first two per request; the third runs after them (torch's threads and NumPy's
@@ -42,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, textgen
 from ..adapters.embedder import Embedder, NumpyBertEncoder
 from ..config import DEFAULT_EMBEDDER, REPO_ROOT
 from ..errors import NexusError, UsageError
@@ -50,7 +52,7 @@ from ..models import resolve_model
 from ..registry import load_example_requests
 from ..routing.index import load_index
 from ..routing.router import Router, RouterConfig
-from ..routing.scoring import SCAN_K, dense_tool_scores, gate_margin, request_scores, request_texts
+from ..routing.scoring import SCAN_K, dense_tool_scores, gate_margin, rank, request_scores, request_texts
 from . import bench_slb, stats
 from .bench_routing import _index_for, pool_tools
 from .common import NULL_PROGRESS, registry_dir_default
@@ -123,37 +125,54 @@ def measure_kernel(seed: int, quick: bool) -> dict:
 
 # ----------------------------------------------------------------------------------------------- 2. scan step
 
-def _scan_step(index, lex_weight: float, texts, vecs, dense_fn) -> tuple[np.ndarray, float]:
-    scores, _ = request_scores(index.slb, index.bm25, lex_weight, texts, vecs, dense_fn=dense_fn)
+def _scan_step(index, lex_weight: float, texts, vecs, tokens) -> tuple[np.ndarray, float]:
+    """The product's step: one native call for the request's dense and fused scores, then the ranking and margin."""
+    scores, _ = request_scores(index.slb, index.bm25, lex_weight, texts, vecs, tokens=tokens)
+    order, margin = rank(index, scores, TOP)
+    return scores, margin
+
+
+def _python_fusion_step(index, lex_weight: float, texts, vecs, tokens, dense_fn=dense_tool_scores):
+    """The step it replaced: a native dense call per text, fusion and the mean in NumPy, a full sort, the margin
+    from a copy of every score."""
+    scores, _ = request_scores(index.slb, index.bm25, lex_weight, texts, vecs, dense_fn=dense_fn, tokens=tokens)
     order = np.argsort(-scores, kind="stable")[:TOP]
     return scores, gate_margin(scores, int(order[0]), index.interchangeable(int(order[0])))
 
 
 def measure_scan(index, prepared, reps: int) -> dict:
-    """prepared: [(texts, vectors)] per request. Alternates product / previous per request, reps rounds."""
+    """prepared: [(texts, vectors)] per request. Each request's lexical tokens are made once, beside its vectors
+    (timed apart: `lexical_tokens`). Alternates product / previous per request, reps rounds; the scores and margins
+    must be identical both ways and with the top-256 dense step before that (`previous_dense`; checked, reported)."""
     lw = index.lex_weight()
     same = True
-    for texts, vecs in prepared:  # warm-up, and the identity check
-        a, _ = _scan_step(index, lw, texts, vecs, dense_tool_scores)
-        b, _ = _scan_step(index, lw, texts, vecs, previous_dense)
-        same = same and bool(np.array_equal(a, b))
-    prod, prev, kern = [], [], []
+    prepared = [(texts, vecs, [textgen.lex_tokens(t) for t in texts]) for texts, vecs in prepared]
+    for texts, vecs, toks in prepared:  # warm-up, and the identity check
+        a, ma = _scan_step(index, lw, texts, vecs, toks)
+        b, mb = _python_fusion_step(index, lw, texts, vecs, toks)
+        c, mc = _python_fusion_step(index, lw, texts, vecs, toks, dense_fn=previous_dense)
+        same = same and bool(np.array_equal(a, b) and np.array_equal(a, c) and ma == mb == mc)
+    prod, prev, kern, lex = [], [], [], []
     clock = time.perf_counter
     for _ in range(reps):
-        for texts, vecs in prepared:
+        for texts, vecs, toks in prepared:
             t0 = clock()
-            _scan_step(index, lw, texts, vecs, dense_tool_scores)
+            _scan_step(index, lw, texts, vecs, toks)
             t1 = clock()
-            _scan_step(index, lw, texts, vecs, previous_dense)
+            _python_fusion_step(index, lw, texts, vecs, toks)
             t2 = clock()
+            for t in texts:
+                textgen.lex_tokens(t)
+            t3 = clock()
             prod.append(t1 - t0)
             prev.append(t2 - t1)
+            lex.append(t3 - t2)
             _, dt = dense_tool_scores(index.slb, vecs[0])
             kern.append(dt)
     return {"tools": index.slb.n_tools, "vectors": index.slb.n_vectors, "requests": len(prepared),
-            "texts_per_request": float(np.mean([len(t) for t, _ in prepared])),
+            "texts_per_request": float(np.mean([len(t) for t, _, _ in prepared])),
             "product": _us(prod), "previous": _us(prev), "speedup": _ratio(prev, prod),
-            "dense_call_only": _us(kern), "identical_scores": same}
+            "dense_call_only": _us(kern), "lexical_tokens": _us(lex), "identical_scores": same}
 
 
 # ----------------------------------------------------------------------------------------------- 3. encoder

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import FormatError
 from ..files import pid_alive
 from ..registry import copies_by_member, interchangeable_map
@@ -85,6 +87,8 @@ class Index:
     bm25: BM25 | None
     _tools: list[ToolEntry] | None = field(default=None, repr=False)
     _twins: dict[int, tuple[int, ...]] | None = field(default=None, repr=False)
+    _group_ids: np.ndarray | None = field(default=None, repr=False)
+    _rankers: dict = field(default_factory=dict, repr=False)
 
     @property
     def tools(self) -> list[ToolEntry]:
@@ -94,15 +98,37 @@ class Index:
             self._tools = _full_entries(self.path, self.heads)
         return self._tools
 
+    @property
+    def group_ids(self) -> np.ndarray:
+        """Each tool's group of interchangeable copies as an int32 id (the lowest member's index), -1 for a tool with
+        none: what the native ranking reads (scoring.rank)."""
+        if self._group_ids is None:
+            ids = np.full(len(self.heads), -1, dtype=np.int32)
+            for i, twins in self._twin_map().items():
+                ids[i] = min(i, *twins)
+            self._group_ids = ids
+        return self._group_ids
+
+    def ranker(self, k: int):
+        """The native ranking of this index's tools, k at a time (kernels.ToolRanker), made once per k."""
+        if k not in self._rankers:
+            from .. import kernels
+
+            self._rankers[k] = kernels.ToolRanker(self.group_ids, k)
+        return self._rankers[k]
+
     def interchangeable(self, i: int) -> tuple[int, ...]:
         """The other tools that are the same tool on another server (registry.interchangeable_groups), or ()."""
+        return self._twin_map().get(int(i), ())
+
+    def _twin_map(self) -> dict[int, tuple[int, ...]]:
         if self._twins is None:
             groups = self.manifest.get("interchangeable")
             if groups is None:  # format 2: found from the entries
                 self._twins = interchangeable_map(self.tools)
             else:
                 self._twins = copies_by_member(groups)
-        return self._twins.get(int(i), ())
+        return self._twins
 
     @property
     def tau(self) -> float:

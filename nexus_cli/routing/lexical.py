@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from typing import Sequence
 
@@ -50,7 +51,10 @@ class BM25:
         self.n = int(lens.size)
         self.avgdl = float(lens.mean()) if self.n else 1.0
         self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
-        self._cache: dict[str, tuple[np.ndarray, np.ndarray, float] | None] = {}
+        self._cache: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        self._table = None  # kernels.LexTable, made on first use by token_ids
+        self._ids: dict[str, int] = {}
+        self._mu = threading.Lock()  # registration: two threads must not give one token two ids
 
     @classmethod
     def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]]) -> "BM25":
@@ -75,7 +79,7 @@ class BM25:
         return np.asarray(idx, dtype=np.int64), np.asarray(tfs, dtype=np.float64)
 
     def _postings(self, tok: str):
-        """(tool indices, term weights, idf) of a token, or None when no tool holds it."""
+        """(tool indices, each tool's term score idf * weight) of a token, or None when no tool holds it."""
         if tok in self._cache:
             return self._cache[tok]
         entry = None
@@ -84,14 +88,48 @@ class BM25:
             idx, tf = counts
             w = tf * (self.k1 + 1) / (tf + self._norm[idx])
             idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
-            entry = (idx, w, idf)
+            entry = (idx, idf * w)
         self._cache[tok] = entry
         return entry
 
+    @property
+    def table(self):
+        """The postings of the tokens requests have used, in native memory (kernels.LexTable)."""
+        if self._table is None:
+            with self._mu:
+                if self._table is None:
+                    from .. import kernels
+
+                    self._table = kernels.LexTable(max(self.n, 1))
+        return self._table
+
+    def token_ids(self, tokens: Sequence[str]) -> list[int]:
+        """The ids in `table` of the tokens any tool holds, in the order scores() adds them (each once, sorted),
+        each token registered on first use."""
+        out = []
+        for tok in sorted(set(tokens)):
+            i = self._ids.get(tok)
+            if i is None:
+                entry = self._postings(tok)
+                if entry is None:
+                    continue
+                table = self.table
+                with self._mu:
+                    i = self._ids.get(tok)
+                    if i is None:
+                        i = self._ids[tok] = table.add(entry[0], entry[1])
+            out.append(i)
+        return out
+
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
-        out = np.zeros(self.n, dtype=np.float64)
+        out = np.empty(self.n, dtype=np.float64)
+        self.scores_into(tokens, out)
+        return out
+
+    def scores_into(self, tokens: Sequence[str], out: np.ndarray) -> None:
+        """scores(tokens), written into out (float64 [n])."""
+        out.fill(0.0)
         for tok in sorted(set(tokens)):  # sorted: the same order of additions, so the same bits, in every process
             entry = self._postings(tok)
             if entry is not None:
-                out[entry[0]] += entry[2] * entry[1]
-        return out
+                out[entry[0]] += entry[1]

@@ -22,7 +22,7 @@ from ..prefix_store import PrefixStore
 from ..registry import load_registries
 from .index import Index, load_index
 from .rerank import RERANK_K, LikelihoodReranker, LLMReranker
-from .scoring import gate_margin, request_scores, request_texts
+from .scoring import rank, request_scores, request_texts
 
 if TYPE_CHECKING:
     from ..arguments import ArgumentPrefixes
@@ -273,8 +273,7 @@ class Router:
         scores, tm = self.retrieve(query, history)
         # room for the reranker's distinct candidates when copies of one tool sit among the first
         k = max(self.config.top_k, 2 * self.rerank_k)
-        order = np.argsort(-scores, kind="stable")[: min(k, len(scores))]
-        margin = gate_margin(scores, int(order[0]), self.index.interchangeable(int(order[0])))
+        order, margin = rank(self.index, scores, k)
         escalate = margin < self.tau if self.config.use_gate else True
         do_rerank = (escalate if rerank is None else rerank) and self._reranker_name != "none" and len(order) > 1
         t_r = time.perf_counter()

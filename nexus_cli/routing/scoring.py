@@ -56,17 +56,28 @@ def request_texts(text: str, value_masking: bool) -> list[str]:
 
 
 def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequence[str],
-                   vecs: Sequence[np.ndarray], dense_fn=dense_tool_scores) -> tuple[np.ndarray, float]:
+                   vecs: Sequence[np.ndarray], dense_fn=None, tokens: Sequence[Sequence[str]] | None = None,
+                   ) -> tuple[np.ndarray, float]:
     """Per-tool fused score of one request = the mean over its texts (request_texts) of dense max-sim + weighted
-    BM25. Returns (scores, native scan seconds). dense_fn: the dense step (a benchmark passes its baseline)."""
-    total, native = None, 0.0
-    for text, v in zip(texts, vecs):
-        dense, dt = dense_fn(slb, v)
-        lex = bm25.scores(textgen.lex_tokens(text)) if bm25 is not None and lex_weight > 0 else None
-        s = fuse(dense, lex, lex_weight)
-        total = s if total is None else total + s
-        native += dt
-    return total / len(texts), native
+    BM25, in one native call (kernels.SlbToolScorer.request). Returns (scores, a copy; native call seconds).
+    tokens: each text's textgen.lex_tokens, when the caller has them. dense_fn: a dense step to fuse in Python
+    instead (a benchmark passes the one the native call replaced: the same scores, bit for bit)."""
+    use_lex = bm25 is not None and lex_weight > 0
+    if tokens is None and use_lex:
+        tokens = [textgen.lex_tokens(t) for t in texts]
+    if dense_fn is not None:
+        total, native = None, 0.0
+        for i, v in enumerate(vecs):
+            dense, dt = dense_fn(slb, v)
+            s = fuse(dense, bm25.scores(tokens[i]) if use_lex else None, lex_weight)
+            total = s if total is None else total + s
+            native += dt
+        return total / len(vecs), native
+    scorer = tool_scorer(slb)
+    ids = [bm25.token_ids(t) for t in tokens] if use_lex else None
+    t0 = time.perf_counter()
+    out = scorer.request(vecs, bm25.table if use_lex else None, ids, lex_weight)
+    return out.copy(), time.perf_counter() - t0
 
 
 def gate_margin(scores: np.ndarray, top: int, twins: Sequence[int] = ()) -> float:
@@ -77,3 +88,9 @@ def gate_margin(scores: np.ndarray, top: int, twins: Sequence[int] = ()) -> floa
     rest[[int(top), *[int(t) for t in twins]]] = -np.inf
     best_other = float(rest.max()) if len(rest) else -np.inf
     return float(scores[top]) - best_other if np.isfinite(best_other) else float("inf")
+
+
+def rank(index, scores: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """The k best tools of an index (score descending, ties to the lower index: a stable sort) and the gate's margin
+    of the first (gate_margin, its interchangeable copies excluded), in one native call (kernels.ToolRanker)."""
+    return index.ranker(k).rank(scores)

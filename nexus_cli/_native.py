@@ -168,18 +168,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     sig("nexus_slb_scan_tool_scores", i32, vp, vp, vp, i64, i32, fl, vp)
     # int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts,
     #                                const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k, float base,
-    #                                const nexus_lex *lex, const int32_t *tokens, const int64_t *token_offsets,
-    #                                double lex_weight, double *out);
-    sig("nexus_slb_scan_request", i32, vp, vp, i32, vp, i64, i32, fl, vp, vp, vp, db, vp)
-    # int32_t nexus_lex_create(int64_t n_docs, nexus_lex **out);
-    sig("nexus_lex_create", i32, i64, P(vp))
-    # void nexus_lex_free(nexus_lex *lex);
-    sig("nexus_lex_free", None, vp)
-    # int32_t nexus_lex_add(nexus_lex *lex, const int64_t *docs, const double *terms, int64_t count,
-    #                       int32_t *token_out);
-    sig("nexus_lex_add", i32, vp, vp, vp, i64, P(i32))
-    # int32_t nexus_lex_scores(const nexus_lex *lex, const int32_t *tokens, int64_t n_tokens, double *out);
-    sig("nexus_lex_scores", i32, vp, vp, i64, vp)
+    #                                const int64_t *const *token_docs, const double *const *token_terms,
+    #                                const int64_t *token_counts, const int64_t *token_offsets, double lex_weight,
+    #                                double *out);
+    sig("nexus_slb_scan_request", i32, vp, vp, i32, vp, i64, i32, fl, vp, vp, vp, vp, db, vp)
     # int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
     #                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
     sig("nexus_slb_scan_topk_timed", i32, vp, vp, fl, i32, i32, i32, vp)

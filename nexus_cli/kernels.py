@@ -280,52 +280,6 @@ def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale:
     return ns
 
 
-class LexTable:
-    """The router's BM25 postings in native memory (nexus_lex_*): `add` registers one token's postings (tools and
-    term scores) and returns its id, 0, 1, 2, ...; a request scan sums its texts' tokens there. Safe to add to and
-    read from several threads."""
-
-    def __init__(self, n_docs: int):
-        if n_docs < 1:
-            raise UsageError(f"a lexical table needs at least one tool, got {n_docs}")
-        self._lib = _native.lib()
-        self._h = None
-        self.n_docs = int(n_docs)
-        h = _native.out("ptr")
-        _native.check(self._lib.nexus_lex_create(self.n_docs, _native.ref(h)))
-        self._h = h
-
-    @property
-    def handle(self):
-        if not self._h:
-            raise NexusError("the lexical table is closed")
-        return self._h
-
-    def add(self, docs: np.ndarray, terms: np.ndarray) -> int:
-        d = np.ascontiguousarray(docs, dtype=np.int64).reshape(-1)
-        t = np.ascontiguousarray(terms, dtype=np.float64).reshape(-1)
-        if d.size != t.size:
-            raise UsageError(f"{d.size} tools but {t.size} term scores")
-        out = _native.out("i32")
-        _native.check(self._lib.nexus_lex_add(self.handle, _ptr(d) if d.size else None,
-                                              _ptr(t) if t.size else None, d.size, _native.ref(out)))
-        return int(out.value)
-
-    def scores(self, tokens: Sequence[int]) -> np.ndarray:
-        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        out = np.empty(self.n_docs, dtype=np.float64)
-        _native.check(self._lib.nexus_lex_scores(self.handle, _ptr(ids) if ids.size else None, ids.size, _ptr(out)))
-        return out
-
-    def close(self) -> None:
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            self._lib.nexus_lex_free(h)
-
-    def __del__(self):
-        self.close()
-
-
 class SlbToolScorer:
     """Per-tool scores of float32 queries over a fixed database whose rows are grouped by tool
     (nexus_slb_tool_scores): the query is quantized, every row scored and each tool's best row kept, in one native
@@ -362,25 +316,19 @@ class SlbToolScorer:
         self._grow(2)  # a request is scored as one or two texts (scoring.request_texts)
 
     def _grow(self, n_texts: int, n_tokens: int = 64) -> None:
-        """Buffers and pre-converted calls of the request scan for up to n_texts texts and n_tokens tokens."""
+        """Buffers and the pre-converted call of the request scan for up to n_texts texts and n_tokens tokens."""
         self._queries = np.zeros((n_texts, self.dim), dtype=np.float32)
-        self._tokens = np.zeros(n_tokens, dtype=np.int32)
+        self._token_docs = np.zeros(n_tokens, dtype=np.uint64)  # addresses of each token's arrays
+        self._token_terms = np.zeros(n_tokens, dtype=np.uint64)
+        self._token_counts = np.zeros(n_tokens, dtype=np.int64)
         self._token_offsets = np.zeros(n_texts + 1, dtype=np.int64)
         self._fused = np.empty(self.n_tools, dtype=np.float64)
-        self._request_calls = {}  # per lexical table (None: dense only)
-
-    def _request_call(self, table):
-        key = id(table) if table is not None else None
-        entry = self._request_calls.get(key)
-        if entry is None:
-            call = _native.FastCall(
-                "nexus_slb_scan_request", self._slb.handle, _native.voidp(_ptr(self._queries)), self._texts,
-                _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
-                _native.c_f32(self._base), table.handle if table is not None else _native.voidp(None),
-                _native.voidp(_ptr(self._tokens)), _native.voidp(_ptr(self._token_offsets)), self._lex_weight,
-                _native.voidp(_ptr(self._fused)))
-            entry = self._request_calls[key] = (call, table)  # the table lives as long as the call naming it
-        return entry[0]
+        self._request = _native.FastCall(
+            "nexus_slb_scan_request", self._slb.handle, _native.voidp(_ptr(self._queries)), self._texts,
+            _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
+            _native.c_f32(self._base), _native.voidp(_ptr(self._token_docs)),
+            _native.voidp(_ptr(self._token_terms)), _native.voidp(_ptr(self._token_counts)),
+            _native.voidp(_ptr(self._token_offsets)), self._lex_weight, _native.voidp(_ptr(self._fused)))
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         try:
@@ -390,37 +338,39 @@ class SlbToolScorer:
         self._call()
         return self._out
 
-    def request(self, vectors: Sequence[np.ndarray], table: "LexTable | None" = None,
-                tokens: Sequence[Sequence[int]] | None = None, lex_weight: float = 0.0) -> np.ndarray:
+    def request(self, vectors: Sequence[np.ndarray], lexical: tuple | None = None,
+                lex_weight: float = 0.0) -> np.ndarray:
         """The fused float64 scores of one request scored as several texts, in one native call
-        (nexus_slb_scan_request): per text the dense per-tool score plus, with a lexical table and lex_weight > 0,
-        lex_weight * BM25 / max(BM25) of the text's tokens (ids in `table`, in the order to add them), then the mean
-        over the texts. Returns the scorer's own buffer, overwritten by the next call."""
+        (nexus_slb_scan_request): per text the dense per-tool score plus, with `lexical` and lex_weight > 0,
+        lex_weight * BM25 / max(BM25), then the mean over the texts. lexical: (addresses of each token's tools, of
+        its term scores, its lengths, where each text's tokens end), as BM25.request_postings gives them: the
+        addresses of contiguous int64 and float64 arrays of those lengths that stay alive during the call (the native
+        side checks every tool index it reads). Returns the scorer's own buffer, overwritten by the next call."""
         n = len(vectors)
         if n < 1:
             raise UsageError("a request needs at least one text")
-        with_lex = table is not None and lex_weight > 0
-        if with_lex and (tokens is None or len(tokens) != n):
-            raise UsageError("give one token list per text")
-        if with_lex and table.n_docs != self.n_tools:
-            raise UsageError(f"the lexical table has {table.n_docs} tools, the scorer {self.n_tools}")
-        n_tok = sum(len(t) for t in tokens) if with_lex else 0
-        if n > self._queries.shape[0] or n_tok > self._tokens.size:
-            self._grow(max(n, self._queries.shape[0]), max(n_tok, self._tokens.size))
+        with_lex = lex_weight > 0
+        if with_lex and (lexical is None or len(lexical[3]) != n):
+            raise UsageError("give the postings of each text")
+        m = len(lexical[2]) if with_lex else 0
+        if n > self._queries.shape[0] or m > self._token_docs.size:
+            self._grow(max(n, self._queries.shape[0]), max(m, self._token_docs.size))
         try:
             for t, v in enumerate(vectors):
                 np.copyto(self._queries[t], v, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"each query must be a float array of {self.dim} values") from None
         if with_lex:
-            at = 0
-            for t, ids in enumerate(tokens):
-                self._tokens[at:at + len(ids)] = ids
-                at += len(ids)
-                self._token_offsets[t + 1] = at
+            docs, terms, counts, ends = lexical
+            if not len(docs) == len(terms) == m:
+                raise UsageError("each token needs the address of its tools, of its term scores and a length")
+            self._token_docs[:m] = docs
+            self._token_terms[:m] = terms
+            self._token_counts[:m] = counts
+            self._token_offsets[1:n + 1] = ends
         self._texts.value = n
-        self._lex_weight.value = float(lex_weight)
-        self._request_call(table if with_lex else None)()
+        self._lex_weight.value = float(lex_weight) if with_lex else 0.0
+        self._request()
         return self._fused
 
 

@@ -564,64 +564,34 @@ def test_slb_request_scan_is_the_numpy_fusion_of_its_texts_every_level(restore_l
                         f = fuse(scorer.scores(v).copy(), bm25.scores(tk), lw)
                         want = f if want is None else want + f
                     want = want / n_texts
-                    ids = [bm25.token_ids(tk) for tk in toks]
-                    got = scorer.request(vecs, bm25.table, ids, lw)
+                    got = scorer.request(vecs, bm25.request_postings(toks), lw)
                     assert np.array_equal(got, want), (trial, level, n_texts, lw)
                     if lw == 0.0:
                         assert np.array_equal(scorer.request(vecs), want)
     with pytest.raises(UsageError, match="at least one text"):
         scorer.request([])
-    with pytest.raises(UsageError, match="one token list per text"):
-        scorer.request([vecs[0]], bm25.table, None, 0.5)
+    with pytest.raises(UsageError, match="postings of each text"):
+        scorer.request([vecs[0]], None, 0.5)
+    with pytest.raises(UsageError, match="postings of each text"):
+        scorer.request([vecs[0]], bm25.request_postings([["w1"], ["w2"]]), 0.5)
 
 
-def test_lex_table_sums_as_bm25_and_refuses_what_it_does_not_hold():
+def test_request_scan_refuses_postings_it_cannot_read():
     from nexus_cli.routing.lexical import BM25
 
-    rng = np.random.default_rng(79)
-    words = [f"w{i}" for i in range(40)]
-    bm25 = BM25([list(rng.choice(words, size=int(rng.integers(1, 20)))) for _ in range(50)])
-    for _ in range(30):
-        q = list(rng.choice(words + ["nope"], size=int(rng.integers(0, 9))))
-        assert np.array_equal(bm25.table.scores(bm25.token_ids(q)), bm25.scores(q))
-    assert bm25.token_ids(["w3", "w3", "nope"]) == bm25.token_ids(["w3"])  # once each; unknown tokens left out
-    table = kernels.LexTable(3)
-    assert table.add(np.array([0, 2]), np.array([1.5, 0.25])) == 0
-    assert table.add(np.array([], dtype=np.int64), np.array([])) == 1
-    assert table.scores([0, 1, 0]).tolist() == [3.0, 0.0, 0.5]
-    with pytest.raises(NativeError, match="token 2 is not registered"):
-        table.scores([2])
-    with pytest.raises(NativeError, match="doc 3 is outside 0..2"):
-        table.add(np.array([3]), np.array([1.0]))
-    with pytest.raises(UsageError, match="2 tools but 1 term"):
-        table.add(np.array([0, 1]), np.array([1.0]))
-    with pytest.raises(UsageError, match="at least one tool"):
-        kernels.LexTable(0)
-
-
-def test_lex_table_takes_adds_and_sums_from_several_threads():
-    """Requests served from several threads register new tokens while others sum: every sum is still exact."""
-    from nexus_cli.routing.lexical import BM25
-
-    rng = np.random.default_rng(80)
-    words = [f"w{i}" for i in range(400)]
-    bm25 = BM25([list(rng.choice(words, size=30)) for _ in range(200)])
-    queries = [list(rng.choice(words, size=6)) for _ in range(300)]
-    want = [bm25.scores(q) for q in queries]
-    bad = []
-
-    def work(part):
-        for i in range(part, len(queries), 4):
-            if not np.array_equal(bm25.table.scores(bm25.token_ids(queries[i])), want[i]):
-                bad.append(i)
-
-    threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not bad
-    assert len(set(bm25._ids.values())) == len(bm25._ids)  # one id per token
+    db, scales = kernels.quantize_i8(np.ones((4, 8), np.float32))
+    scorer = kernels.SlbToolScorer(db, scales, np.array([0, 0, 1, 2]), 3)
+    v = np.ones(8, np.float32)
+    bm25 = BM25([["a", "b"], ["b"], ["c"]])
+    assert [p[0].tolist() for p in bm25.postings(["b", "a", "zz", "b"])] == [[0], [0, 1]]  # sorted, once, known
+    docs, terms, counts, ends = bm25.request_postings([["b", "a"], ["zz"], ["c", "c"]])
+    assert counts == [1, 2, 1] and ends == [2, 2, 3]
+    idx = np.array([0, 5], dtype=np.int64)
+    term = np.array([1.0, 1.0])
+    with pytest.raises(NativeError, match="names tool 5 outside 0..2"):
+        scorer.request([v], ([idx.ctypes.data], [term.ctypes.data], [2], [1]), 0.5)
+    with pytest.raises(UsageError, match="address of its tools"):
+        scorer.request([v], ([idx.ctypes.data], [], [2], [1]), 0.5)
 
 
 def test_slb_tool_scorer_errors():

@@ -112,7 +112,6 @@ int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n
  * SLB return exactly what the unprepared calls return on the same rows; a top-k scan of more than 8 MiB of rows is
  * split over the CPU's cores. */
 typedef struct nexus_slb nexus_slb;
-typedef struct nexus_lex nexus_lex; /* the lexical table, below */
 int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
                          int64_t n, int32_t dim, nexus_slb **out);
 void nexus_slb_free(nexus_slb *slb);
@@ -127,26 +126,19 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
                                    int64_t n_tools, int32_t floor_k, float base, float *out);
 /* The router's fused scores of one request over prepared rows grouped by tool (tool_offsets as in
  * nexus_slb_tool_scores): for each of its n_texts texts (queries [n_texts, dim] float32), the per-tool dense score
- * d (nexus_slb_tool_scores) plus, when lex is given (it may be NULL) and lex_weight > 0, (lex_weight * b) / max(b)
- * where b is the text's BM25 scores (nexus_lex_scores of tokens[token_offsets[t] .. token_offsets[t+1]); nothing is
- * added where max(b) is not positive), in float64; out [n_tools] is their mean over the texts (summed in text order,
- * then divided). Two texts are scanned in one pass over the rows. */
+ * d (nexus_slb_tool_scores) plus, when lex_weight > 0, (lex_weight * b) / max(b) where b is the text's BM25 score
+ * per tool (nothing is added where max(b) is not positive), in float64; out [n_tools] is their mean over the texts
+ * (summed in text order, then divided). Two texts are scanned in one pass over the rows.
+ * b of text t is the sum of the term scores of its tokens token_offsets[t] .. token_offsets[t+1]-1, added token by
+ * token in that order: token j's postings are token_counts[j] tools token_docs[j][0..] (each in 0..n_tools-1) with
+ * term scores token_terms[j][0..], arrays the caller owns (its BM25 cache). token_* may be NULL without lex_weight. */
 int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
-                               int64_t n_tools, int32_t floor_k, float base, const nexus_lex *lex,
-                               const int32_t *tokens, const int64_t *token_offsets, double lex_weight, double *out);
+                               int64_t n_tools, int32_t floor_k, float base, const int64_t *const *token_docs,
+                               const double *const *token_terms, const int64_t *token_counts,
+                               const int64_t *token_offsets, double lex_weight, double *out);
 /* nexus_slb_topk_timed on the prepared rows. */
 int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
-
-/* ---------------------------------------------------------------- the router's lexical table (BM25) */
-/* Each token's postings, registered as requests first use it: the tools (docs, 0..n_docs-1) that hold the token and
- * each one's term score (idf times the BM25 term weight). Adds and sums may run from several threads at once. */
-int32_t nexus_lex_create(int64_t n_docs, nexus_lex **out);
-void nexus_lex_free(nexus_lex *lex);
-/* Register one token's postings (count pairs; copied); *token_out = its id, 0, 1, 2, ... in the order of adds. */
-int32_t nexus_lex_add(nexus_lex *lex, const int64_t *docs, const double *terms, int64_t count, int32_t *token_out);
-/* out[n_docs] = the sum over tokens[0..n_tokens) of their term scores, added in that order (float64). */
-int32_t nexus_lex_scores(const nexus_lex *lex, const int32_t *tokens, int64_t n_tokens, double *out);
 
 /* ---------------------------------------------------------------- the router's ranking */
 /* The k best of n per-tool scores, descending (NaN last, ties to the lower index: a stable descending sort), into

@@ -3,8 +3,6 @@
 
 #include <cstdint>
 
-struct nexus_lex;
-
 namespace nexus {
 
 struct RopeParams {
@@ -30,9 +28,5 @@ void slb_dots_level(const int8_t *db, int64_t n, int32_t dim, const int8_t *quer
 // y = x @ W + b with float16 W [k, n] (nexus_linear_f16), on a chosen SIMD level.
 void linear_f16_level(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *b, int32_t act,
                       float *y, int32_t level);
-
-// Sum of the registered tokens' term scores into out[n_docs] (nexus_lex_scores; refuses an unregistered token).
-void lex_scores(const nexus_lex *lex, const int32_t *tokens, int64_t n_tokens, double *out);
-int64_t lex_docs(const nexus_lex *lex);
 
 }  // namespace nexus

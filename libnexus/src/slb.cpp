@@ -669,14 +669,66 @@ float quantize_row(const float *row, int32_t dim, int64_t i, int8_t *qr) {
 
 // Per-tool scores (see nexus_slb_tool_scores): every row scored once, block by block, then each tool's maximum over
 // its rows (rows are grouped by tool: offsets), raised to the floor.
+// A float's bits as an unsigned key in the float's order (negative floats flipped whole, positive ones with the
+// sign bit set), and back.
+inline uint32_t order_key(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+inline float from_order_key(uint32_t k) {
+    const uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+int64_t count_at_least_scalar(const uint32_t *keys, int64_t n, uint32_t v) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) c += keys[i] >= v;
+    return c;
+}
+
+#if defined(__x86_64__)
+NEXUS_AVX512_TARGET int64_t count_at_least_avx512(const uint32_t *keys, int64_t n, uint32_t v) {
+    const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(v));
+    int64_t c = 0, i = 0;
+    for (; i + 16 <= n; i += 16)
+        c += __builtin_popcount(_mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), t));
+    return c + count_at_least_scalar(keys + i, n - i, v);
+}
+#endif
+
+// The k-th largest of n non-NaN floats (1 <= k <= n), without data-dependent branches: the answer's key is built
+// bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (32 counting passes,
+// which beat a selection's mispredicted branches at the router's sizes). `all` is overwritten with the keys.
+float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
+    uint32_t *keys = reinterpret_cast<uint32_t *>(all);
+    for (int64_t i = 0; i < n; ++i) keys[i] = order_key(all[i]);
+    uint32_t ans = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const uint32_t cand = ans | (1u << bit);
+#if defined(__x86_64__)
+        const int64_t c = level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI
+                              ? count_at_least_avx512(keys, n, cand)
+                              : count_at_least_scalar(keys, n, cand);
+#else
+        const int64_t c = count_at_least_scalar(keys, n, cand);
+#endif
+        if (c >= k) ans = cand;
+    }
+    return from_order_key(ans);
+}
+
 // Each tool's best row score raised to the floor (see nexus_slb_tool_scores), from every row's score; all[0..n) is
-// the caller's scratch (reordered, its NaNs made -inf).
+// the caller's scratch (overwritten).
 void reduce_tools(float *all, int64_t n, const int64_t *offsets, int64_t n_tools, int32_t floor_k, float base,
-                  float *out) {
+                  float *out, int32_t level) {
     for (int64_t t = 0; t < n_tools; ++t) {
         float best = -INFINITY;
         for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
-            if (all[r] > best) best = all[r];  // an ordered compare: a NaN score never wins
+            best = best < all[r] ? all[r] : best;  // an ordered compare: a NaN score never wins; no branch
         out[t] = best;
     }
     float lowest = base;
@@ -685,8 +737,7 @@ void reduce_tools(float *all, int64_t n, const int64_t *offsets, int64_t n_tools
         // (the top-k scan's view), so every tool is raised to it. NaN ranks lowest.
         for (int64_t r = 0; r < n; ++r)
             if (std::isnan(all[r])) all[r] = -INFINITY;
-        std::nth_element(all, all + (floor_k - 1), all + n, std::greater<float>());
-        lowest = all[floor_k - 1];
+        lowest = kth_largest(all, n, floor_k, level);
     }
     for (int64_t t = 0; t < n_tools; ++t) out[t] = std::max(out[t], lowest);
 }
@@ -698,7 +749,7 @@ void tool_scores_run(const Rows &rows, const int8_t *q, float qs, const int64_t 
     const int64_t n = rows.n;
     if (all.size() < static_cast<size_t>(n)) all.resize(static_cast<size_t>(n));
     score_rows(rows, make_query(rows, q, words), qs, all.data(), level);
-    reduce_tools(all.data(), n, offsets, n_tools, floor_k, base, out);
+    reduce_tools(all.data(), n, offsets, n_tools, floor_k, base, out, level);
 }
 
 void check_offsets(const int64_t *offsets, int64_t n_tools, int64_t n) {
@@ -1121,8 +1172,9 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
 }
 
 int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
-                               int64_t n_tools, int32_t floor_k, float base, const nexus_lex *lex,
-                               const int32_t *tokens, const int64_t *token_offsets, double lex_weight, double *out) {
+                               int64_t n_tools, int32_t floor_k, float base, const int64_t *const *token_docs,
+                               const double *const *token_terms, const int64_t *token_counts,
+                               const int64_t *token_offsets, double lex_weight, double *out) {
     return guard([&] {
         require_ptr(slb, "slb");
         require_ptr(queries, "queries");
@@ -1130,15 +1182,26 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
         if (n_texts < 1) invalid("n_texts must be >= 1, got " + std::to_string(n_texts));
         check_offsets(tool_offsets, n_tools, slb->rows.n);
         if (floor_k < 0) invalid("floor_k must be >= 0, got " + std::to_string(floor_k));
-        const bool with_lex = lex != nullptr && lex_weight > 0;
+        const bool with_lex = lex_weight > 0;
         if (with_lex) {
             require_ptr(token_offsets, "token_offsets");
-            if (lex_docs(lex) != n_tools) invalid("the lexical table has " + std::to_string(lex_docs(lex)) +
-                                                  " tools, the request " + std::to_string(n_tools));
+            if (token_offsets[0] != 0) invalid("token_offsets must start at 0");
             for (int32_t t = 0; t < n_texts; ++t)
-                if (token_offsets[t + 1] < token_offsets[t] || token_offsets[0] != 0)
-                    invalid("token_offsets must start at 0 and be non-decreasing");
-            if (token_offsets[n_texts] > 0) require_ptr(tokens, "tokens");
+                if (token_offsets[t + 1] < token_offsets[t]) invalid("token_offsets must be non-decreasing");
+            const int64_t n_tok = token_offsets[n_texts];
+            if (n_tok > 0) {
+                require_ptr(token_docs, "token_docs");
+                require_ptr(token_terms, "token_terms");
+                require_ptr(token_counts, "token_counts");
+            }
+            for (int64_t j = 0; j < n_tok; ++j) {
+                if (token_counts[j] < 0) invalid("token_counts must be >= 0");
+                if (token_counts[j] > 0 && (!token_docs[j] || !token_terms[j])) invalid("a token's postings are NULL");
+                for (int64_t e = 0; e < token_counts[j]; ++e)
+                    if (token_docs[j][e] < 0 || token_docs[j][e] >= n_tools)
+                        invalid("token " + std::to_string(j) + " names tool " + std::to_string(token_docs[j][e]) +
+                                " outside 0.." + std::to_string(n_tools - 1));
+            }
         }
         const int32_t dim = slb->rows.dim;
         const int64_t n = slb->rows.n;
@@ -1155,10 +1218,12 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
         const int32_t level = simd_level();
         // one text's fused scores into out: dense + (lex_weight * b) / max(b), as scoring.fuse writes it
         const auto fuse = [&](int32_t t, float *row_scores) {
-            reduce_tools(row_scores, n, tool_offsets, n_tools, floor_k, base, dense.data());
+            reduce_tools(row_scores, n, tool_offsets, n_tools, floor_k, base, dense.data(), level);
             double m = 0.0;
             if (with_lex) {
-                lex_scores(lex, tokens + token_offsets[t], token_offsets[t + 1] - token_offsets[t], bm25.data());
+                std::fill(bm25.begin(), bm25.end(), 0.0);
+                for (int64_t j = token_offsets[t]; j < token_offsets[t + 1]; ++j)  // BM25.scores' order of additions
+                    for (int64_t e = 0; e < token_counts[j]; ++e) bm25[token_docs[j][e]] += token_terms[j][e];
                 m = -INFINITY;
                 for (int64_t i = 0; i < n_tools; ++i) m = std::max(m, bm25[i]);
             }

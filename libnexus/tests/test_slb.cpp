@@ -279,29 +279,20 @@ int main() {
             for (int64_t t = 0; t <= n_tools; ++t) offsets[t] = n * t / n_tools;
             nexus_slb *slb = nullptr;
             CHECK_OK(nexus_slb_create(db.data(), scales.data(), nullptr, nullptr, n, dim, &slb));
-            nexus_lex *lex = nullptr;
-            CHECK_OK(nexus_lex_create(n_tools, &lex));
-            int32_t id = -1;
-            const int64_t d0[2] = {1, 5};
-            const double w0[2] = {0.75, 2.0};
-            CHECK_OK(nexus_lex_add(lex, d0, w0, 2, &id));
-            CHECK(id == 0);
-            const int64_t d1[1] = {5};
-            const double w1[1] = {0.5};
-            CHECK_OK(nexus_lex_add(lex, d1, w1, 1, &id));
-            CHECK(id == 1);
-            CHECK_ERR(nexus_lex_add(lex, d1, w1, -1, &id), NEXUS_ERR_INVALID, "count must be >= 0");
-            const int64_t bad_doc[1] = {7};
-            CHECK_ERR(nexus_lex_add(lex, bad_doc, w1, 1, &id), NEXUS_ERR_INVALID, "doc 7 is outside 0..6");
+            // BM25 postings as the caller's cache holds them: token 0 in tools 1 and 5, token 1 in tool 5
+            const int64_t docs0[2] = {1, 5}, docs1[1] = {5};
+            const double terms0[2] = {0.75, 2.0}, terms1[1] = {0.5};
+            const int64_t *token_docs[3] = {docs0, docs1, docs1};
+            const double *token_terms[3] = {terms0, terms1, terms1};
+            const int64_t token_counts[3] = {2, 1, 1};
+            const auto bm25_of = [&](int32_t t, std::vector<double> &b, const int64_t *offs) {
+                std::fill(b.begin(), b.end(), 0.0);
+                for (int64_t j = offs[t]; j < offs[t + 1]; ++j)
+                    for (int64_t e = 0; e < token_counts[j]; ++e) b[token_docs[j][e]] += token_terms[j][e];
+            };
             std::vector<double> b(n_tools);
-            const int32_t both[2] = {0, 1};
-            CHECK_OK(nexus_lex_scores(lex, both, 2, b.data()));
-            CHECK(b[1] == 0.75 && b[5] == 2.5 && b[0] == 0.0);
-            const int32_t unknown[1] = {2};
-            CHECK_ERR(nexus_lex_scores(lex, unknown, 1, b.data()), NEXUS_ERR_INVALID, "token 2 is not registered");
             std::vector<float> qf(3 * dim);
             for (auto &v : qf) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-            const int32_t tokens[3] = {0, 1, 1};
             const int64_t token_offsets[4] = {0, 2, 2, 3};
             for (int32_t level : levels) {
                 CHECK_OK(nexus_simd_set_level(level));
@@ -312,8 +303,7 @@ int main() {
                             std::vector<float> d(n_tools);
                             CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data() + t * dim,
                                                            offsets.data(), n_tools, 4, -1.0f, d.data()));
-                            CHECK_OK(nexus_lex_scores(lex, tokens + token_offsets[t],
-                                                      token_offsets[t + 1] - token_offsets[t], b.data()));
+                            bm25_of(t, b, token_offsets);
                             const double m = *std::max_element(b.begin(), b.end());
                             for (int64_t i = 0; i < n_tools; ++i) {
                                 const double v = static_cast<double>(d[i]) + (m > 0 ? (0.3 * b[i]) / m : 0.0);
@@ -322,15 +312,25 @@ int main() {
                         }
                         if (texts > 1)
                             for (auto &v : want) v = v / texts;
-                        CHECK_OK(nexus_slb_scan_request(slb, qf.data(), texts, offsets.data(), n_tools, 4, -1.0f, lex,
-                                                        tokens, token_offsets, 0.3, got.data()));
+                        CHECK_OK(nexus_slb_scan_request(slb, qf.data(), texts, offsets.data(), n_tools, 4, -1.0f,
+                                                        token_docs, token_terms, token_counts, token_offsets, 0.3,
+                                                        got.data()));
                         CHECK(got == want);
                     }
                 }
             }
             CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 0, offsets.data(), n_tools, 4, -1.0f, nullptr, nullptr,
-                                             nullptr, 0.0, b.data()), NEXUS_ERR_INVALID, "n_texts must be >= 1");
-            nexus_lex_free(lex);
+                                             nullptr, nullptr, 0.0, b.data()), NEXUS_ERR_INVALID, "n_texts must be >= 1");
+            const int64_t bad_docs[1] = {7};
+            const int64_t *bad_token[1] = {bad_docs};
+            const int64_t one_count[1] = {1}, one_offsets[2] = {0, 1};
+            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, bad_token,
+                                             token_terms, one_count, one_offsets, 0.3, b.data()),
+                      NEXUS_ERR_INVALID, "names tool 7 outside 0..6");
+            const int64_t bad_offsets[2] = {1, 1};
+            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, token_docs,
+                                             token_terms, token_counts, bad_offsets, 0.3, b.data()),
+                      NEXUS_ERR_INVALID, "token_offsets must start at 0");
             nexus_slb_free(slb);
         }
     }

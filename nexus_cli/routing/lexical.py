@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from collections import Counter
 from typing import Sequence
 
@@ -51,10 +50,7 @@ class BM25:
         self.n = int(lens.size)
         self.avgdl = float(lens.mean()) if self.n else 1.0
         self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
-        self._cache: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
-        self._table = None  # kernels.LexTable, made on first use by token_ids
-        self._ids: dict[str, int] = {}
-        self._mu = threading.Lock()  # registration: two threads must not give one token two ids
+        self._cache: dict[str, tuple | None] = {}
 
     @classmethod
     def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]]) -> "BM25":
@@ -66,8 +62,8 @@ class BM25:
             flat = self._stored.get(tok)
             if not flat:
                 return None
-            a = np.asarray(flat, dtype=np.int64)
-            return a[0::2], a[1::2].astype(np.float64)
+            a = np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+            return np.ascontiguousarray(a[:, 0]), a[:, 1].astype(np.float64)  # contiguous: read by address
         idx, tfs = [], []
         for i, d in enumerate(self._docs):
             tf = d.count(tok)
@@ -79,7 +75,8 @@ class BM25:
         return np.asarray(idx, dtype=np.int64), np.asarray(tfs, dtype=np.float64)
 
     def _postings(self, tok: str):
-        """(tool indices, each tool's term score idf * weight) of a token, or None when no tool holds it."""
+        """(tool indices, each tool's term score idf * weight, the two arrays' addresses) of a token, or None when
+        no tool holds it. Kept for the life of this BM25: the native scan reads the arrays by address."""
         if tok in self._cache:
             return self._cache[tok]
         entry = None
@@ -88,38 +85,32 @@ class BM25:
             idx, tf = counts
             w = tf * (self.k1 + 1) / (tf + self._norm[idx])
             idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
-            entry = (idx, idf * w)
+            term = idf * w
+            assert idx.dtype == np.int64 and term.dtype == np.float64 and idx.flags.c_contiguous and term.flags.c_contiguous
+            entry = (idx, term, idx.ctypes.data, term.ctypes.data, len(idx))
         self._cache[tok] = entry
         return entry
 
-    @property
-    def table(self):
-        """The postings of the tokens requests have used, in native memory (kernels.LexTable)."""
-        if self._table is None:
-            with self._mu:
-                if self._table is None:
-                    from .. import kernels
+    def postings(self, tokens: Sequence[str]) -> list[tuple]:
+        """The postings of the tokens any tool holds, in the order scores() adds them (each token once, sorted): each
+        (tools int64, term scores float64, their addresses, their length). The arrays live in this BM25's cache."""
+        return [e for tok in sorted(set(tokens)) for e in (self._postings(tok),) if e is not None]
 
-                    self._table = kernels.LexTable(max(self.n, 1))
-        return self._table
-
-    def token_ids(self, tokens: Sequence[str]) -> list[int]:
-        """The ids in `table` of the tokens any tool holds, in the order scores() adds them (each once, sorted),
-        each token registered on first use."""
-        out = []
-        for tok in sorted(set(tokens)):
-            i = self._ids.get(tok)
-            if i is None:
-                entry = self._postings(tok)
-                if entry is None:
-                    continue
-                table = self.table
-                with self._mu:
-                    i = self._ids.get(tok)
-                    if i is None:
-                        i = self._ids[tok] = table.add(entry[0], entry[1])
-            out.append(i)
-        return out
+    def request_postings(self, texts_tokens: Sequence[Sequence[str]]) -> tuple[list, list, list, list]:
+        """What the native request scan reads of several texts' BM25 (kernels.SlbToolScorer.request): the addresses
+        of each token's tools and term scores (contiguous int64 and float64 arrays this BM25 keeps alive), their
+        lengths, and where each text's tokens end."""
+        docs, terms, counts, ends = [], [], [], []
+        cache = self._cache
+        for tokens in texts_tokens:
+            for tok in sorted(set(tokens)):  # as postings(), the cache read inline: this runs on every request
+                e = cache[tok] if tok in cache else self._postings(tok)
+                if e is not None:
+                    docs.append(e[2])
+                    terms.append(e[3])
+                    counts.append(e[4])
+            ends.append(len(counts))
+        return docs, terms, counts, ends
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
         out = np.empty(self.n, dtype=np.float64)

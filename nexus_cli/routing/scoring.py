@@ -74,9 +74,9 @@ def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequen
             native += dt
         return total / len(vecs), native
     scorer = tool_scorer(slb)
-    ids = [bm25.token_ids(t) for t in tokens] if use_lex else None
+    lexical = bm25.request_postings(tokens) if use_lex else None
     t0 = time.perf_counter()
-    out = scorer.request(vecs, bm25.table if use_lex else None, ids, lex_weight)
+    out = scorer.request(vecs, lexical, lex_weight if use_lex else 0.0)
     return out.copy(), time.perf_counter() - t0
 
 

@@ -266,7 +266,7 @@ int main() {
         }
     }
     // the request scan: texts in pairs through one pass (and a third alone), the lexical sum, fusion and the mean,
-    // against the per-text calls; the lexical table and the ranking on their own
+    // against the per-text calls; the ranking on its own
     for (int dim : {5, 384}) {
         for (int64_t n : {63, 130}) {
             const int64_t n_tools = 7;

@@ -106,11 +106,12 @@ int32_t nexus_slb_topk_timed(const int8_t *db, const float *db_scales, int64_t n
                              float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps, double *ns_out);
 
 /* A prepared SLB: fixed rows scanned many times. The rows are read where they lie (the caller keeps db, db_scales,
- * db_f32 and row_norms alive and unchanged until nexus_slb_free); on a CPU with AVX-512 VNNI they are also copied
- * once into 64-row panels that one instruction reads 16 rows of at a time (docs/slb-format.md, "In memory"). db_f32 and row_norms
- * (nexus_slb_row_norms) are optional, both or neither: they enable nexus_slb_scan_topk_exact. Scans of a prepared
- * SLB return exactly what the unprepared calls return on the same rows; a top-k scan of more than 8 MiB of rows is
- * split over the CPU's cores. */
+ * db_f32 and row_norms alive and unchanged until nexus_slb_free); on a CPU with AVX-512 VNNI the third scan also
+ * copies them, once, into 64-row panels that one instruction reads 16 rows of at a time (docs/slb-format.md, "In
+ * memory"). db_f32 and row_norms (nexus_slb_row_norms) are optional, both or neither: they enable
+ * nexus_slb_scan_topk_exact. Scans of a prepared SLB return exactly what the unprepared calls return on the same
+ * rows; a top-k scan of more than 16 MiB of rows is split over the CPU's cores (so is nexus_slb_topk's). A prepared
+ * SLB may be scanned from several threads at once. */
 typedef struct nexus_slb nexus_slb;
 int32_t nexus_slb_create(const int8_t *db, const float *db_scales, const float *db_f32, const float *row_norms,
                          int64_t n, int32_t dim, nexus_slb **out);

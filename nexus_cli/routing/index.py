@@ -87,8 +87,8 @@ class Index:
     bm25: BM25 | None
     _tools: list[ToolEntry] | None = field(default=None, repr=False)
     _twins: dict[int, tuple[int, ...]] | None = field(default=None, repr=False)
-    _group_ids: np.ndarray | None = field(default=None, repr=False)
-    _rankers: dict = field(default_factory=dict, repr=False)
+    _group_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
+    _rankers: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def tools(self) -> list[ToolEntry]:

@@ -85,16 +85,10 @@ class BM25:
             idx, tf = counts
             w = tf * (self.k1 + 1) / (tf + self._norm[idx])
             idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
-            term = idf * w
-            assert idx.dtype == np.int64 and term.dtype == np.float64 and idx.flags.c_contiguous and term.flags.c_contiguous
+            term = idf * w  # a new float64 array; idx is contiguous int64 (_counts): both readable by address
             entry = (idx, term, idx.ctypes.data, term.ctypes.data, len(idx))
         self._cache[tok] = entry
         return entry
-
-    def postings(self, tokens: Sequence[str]) -> list[tuple]:
-        """The postings of the tokens any tool holds, in the order scores() adds them (each token once, sorted): each
-        (tools int64, term scores float64, their addresses, their length). The arrays live in this BM25's cache."""
-        return [e for tok in sorted(set(tokens)) for e in (self._postings(tok),) if e is not None]
 
     def request_postings(self, texts_tokens: Sequence[Sequence[str]]) -> tuple[list, list, list, list]:
         """What the native request scan reads of several texts' BM25 (kernels.SlbToolScorer.request): the addresses
@@ -103,7 +97,7 @@ class BM25:
         docs, terms, counts, ends = [], [], [], []
         cache = self._cache
         for tokens in texts_tokens:
-            for tok in sorted(set(tokens)):  # as postings(), the cache read inline: this runs on every request
+            for tok in sorted(set(tokens)):  # scores()' order; the cache read inline: this runs on every request
                 e = cache[tok] if tok in cache else self._postings(tok)
                 if e is not None:
                     docs.append(e[2])
@@ -113,14 +107,9 @@ class BM25:
         return docs, terms, counts, ends
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
-        out = np.empty(self.n, dtype=np.float64)
-        self.scores_into(tokens, out)
-        return out
-
-    def scores_into(self, tokens: Sequence[str], out: np.ndarray) -> None:
-        """scores(tokens), written into out (float64 [n])."""
-        out.fill(0.0)
+        out = np.zeros(self.n, dtype=np.float64)
         for tok in sorted(set(tokens)):  # sorted: the same order of additions, so the same bits, in every process
             entry = self._postings(tok)
             if entry is not None:
                 out[entry[0]] += entry[1]
+        return out

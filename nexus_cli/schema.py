@@ -415,7 +415,7 @@ def _first_sentence(desc: Any, limit: int = DESC_MAX_CHARS) -> str:
     return text
 
 
-def _ordered_props(s: dict) -> list[tuple[str, Any, bool]]:
+def ordered_properties(s: dict) -> list[tuple[str, Any, bool]]:
     """(name, schema, required) with required properties first (schema order), then optional ones."""
     props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
     req = [r for r in s.get("required", []) if isinstance(r, str)] if isinstance(s.get("required"), list) else []
@@ -454,7 +454,7 @@ def type_text(s: Any, depth: int = 0) -> str:
         inner = type_text(s.get("items", {}), depth + 1)
         return f"({inner})[]" if "|" in inner else f"{inner}[]"
     if t == "object":
-        props = _ordered_props(s)
+        props = ordered_properties(s)
         if props and depth < 1:
             return "{" + ", ".join(f"{k}{'' if r else '?'}: {type_text(v, depth + 1)}" for k, v, r in props) + "}"
         return "object"
@@ -463,7 +463,7 @@ def type_text(s: Any, depth: int = 0) -> str:
 
 def _render(name: str, s: dict, descriptions: bool, multiline: bool, drop_desc: set[str] | None = None) -> str:
     parts = []
-    for k, v, req in _ordered_props(s):
+    for k, v, req in ordered_properties(s):
         item = f"{k}{'' if req else '?'}: {type_text(v)}"
         # sanitized here too: a registry read at run time (--registry) reaches the argument prompt through this line
         desc = _first_sentence(sanitize_text(v.get("description"))) if descriptions and isinstance(v, dict) else ""
@@ -481,8 +481,8 @@ def signature_of(name: str, normalized: dict, descriptions: bool = False, budget
     """The signature of an already-normalized schema; see signature()."""
     if not descriptions or budget_chars is None:
         return _render(name, normalized, descriptions, multiline)
-    order = [k for k, _, r in reversed(_ordered_props(normalized)) if not r]
-    order += [k for k, _, r in reversed(_ordered_props(normalized)) if r]
+    order = [k for k, _, r in reversed(ordered_properties(normalized)) if not r]
+    order += [k for k, _, r in reversed(ordered_properties(normalized)) if r]
     dropped: set[str] = set()
     text = _render(name, normalized, True, multiline)
     for k in order:
@@ -968,7 +968,7 @@ class _GrammarBuilder:
                 self.base("string")
                 return self.add(hint + "-map", f'"{{" ws ( string ":" ws {val} ( "," ws string ":" ws {val} ){{0,{ARRAY_MAX_ITEMS - 1}}} )? "}}"')
             return self.base("object")
-        ordered = _ordered_props(s)
+        ordered = ordered_properties(s)
         req_kv: list[str] = []
         opt_kv: list[str] = []
         split_pair = _is_plain_string(props.get("owner")) and _is_plain_string(props.get("repo"))

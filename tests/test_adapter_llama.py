@@ -222,6 +222,40 @@ def test_lazy_grammar_picks_the_same_tokens_as_the_grammar_in_the_chain(ctx, smo
     assert re.fullmatch(r"[0-9]{3}-(zebra|quokka)", lazy.text), lazy.text
 
 
+def test_drafted_generation_keeps_the_greedy_tokens_and_only_their_cells(ctx, smol):
+    """A draft only proposes: with the right tokens drafted, with wrong ones, with the grammar in the chain or
+    checked lazily, the output is the plain greedy one, and the sequence then holds the prompt and the output,
+    nothing a rejected draft left behind."""
+    from nexus_cli.registry import Tool
+    from nexus_cli.schema import compile_tool
+
+    spec = compile_tool(Tool("forge", "create_issue", "Open an issue.", {
+        "type": "object", "required": ["owner", "repo", "title"], "properties": {
+            "owner": {"type": "string"}, "repo": {"type": "string"}, "title": {"type": "string"}}}))
+    prompt = smol.chat_tokens([{"role": "user", "content": "Open an issue in acme/api titled Login broken."}])
+    for lazy in (True, False):
+        plain = ctx.generate(prompt, max_tokens=48, grammar=spec.grammar, lazy_grammar=lazy)
+        cells = ctx.seq_pos_max(0)
+        assert plain.drafted == plain.accepted == 0
+        oracle = lambda out: plain.tokens[len(out):len(out) + 5]  # noqa: E731 - the answer itself, ahead
+        wrong = lambda out: smol.tokenize(" zebra quokka", parse_special=False)  # noqa: E731
+        half = lambda out: (plain.tokens[len(out):len(out) + 1]  # noqa: E731 - one right, then wrong ones
+                            + smol.tokenize(" zebra", parse_special=False))
+        for draft in (oracle, wrong, half):
+            res = ctx.generate(prompt, max_tokens=48, grammar=spec.grammar, lazy_grammar=lazy, draft=draft)
+            assert res.tokens == plain.tokens and res.stop == plain.stop
+            assert ctx.seq_pos_max(0) == cells
+            assert 0 <= res.accepted <= res.drafted
+        assert ctx.generate(prompt, max_tokens=48, grammar=spec.grammar, lazy_grammar=lazy,
+                            draft=oracle).accepted >= len(plain.tokens) // 2
+    # cut short by max_tokens: the drafted cells past the output are removed too
+    short = ctx.generate(prompt, max_tokens=5, grammar=spec.grammar)
+    cells = ctx.seq_pos_max(0)
+    drafted = ctx.generate(prompt, max_tokens=5, grammar=spec.grammar,
+                           draft=lambda out: plain.tokens[len(out):len(out) + 3])
+    assert drafted.tokens == short.tokens and drafted.stop == "max_tokens" and ctx.seq_pos_max(0) == cells
+
+
 def test_generate_reuses_a_warm_prefix(ctx, smol):
     prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
     cold = ctx.generate(prompt, max_tokens=6)

@@ -196,6 +196,7 @@ def test_stated_optional_keys_are_the_left_out_fields_the_request_names():
 class _Answer:
     def __init__(self, text):
         self.text, self.t_total_ms = text, 5.0
+        self.drafted = self.accepted = 0
 
 
 class _FixedAnswerContext:
@@ -203,14 +204,21 @@ class _FixedAnswerContext:
 
     def __init__(self, text):
         self.text, self.calls = text, []
+        self.model = None
 
     def generate(self, tokens, **kw):
         self.calls.append(kw)
         return _Answer(self.text)
 
 
+def _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id):
+    from nexus_cli.arguments.pipeline import _Generations, _longer_lists_pass as longer_lists_pass
+
+    return longer_lists_pass(_Generations(ctx, seq_id, source, drafting=False), spec, args, tokens, source,
+                             source_chars, max_tokens)
+
+
 def test_longer_lists_pass_keeps_only_new_items_the_request_writes():
-    from nexus_cli.arguments.pipeline import _longer_lists_pass
     from nexus_cli.arguments.repairs import one_item_lists
 
     tool = Tool("charts", "radar", "Draw a radar chart.", {"type": "object", "required": ["data"], "properties": {

@@ -130,6 +130,19 @@ def test_args_smoke(tmp_path):
         assert fa["steady"]["speedup"]["value"] > 0 and 0 < fa["token_saving_turn"] < 1
 
 
+@needs_smollm
+def test_drafts_smoke(tmp_path):
+    doc = nexus("bench", "drafts", "--model", "smollm2-135m", "--max-cases", "2", "--out", str(tmp_path))
+    s = doc["summary"]
+    assert doc["suite"] == "drafts" and doc["variant"] == "smollm2-135m" and s["n_cases"] == 2
+    assert doc["params"]["cases"][0] == "benchmarks/queries/args_cases_g.jsonl"
+    assert (tmp_path / "drafts" / "latest-smollm2-135m.json").is_file()
+    for case in doc["samples"]["cases"]:
+        assert case["plain"]["drafted"] == 0 and 0 <= case["drafted"]["accepted"] <= case["drafted"]["drafted"]
+        assert case["identical"] == (case["plain"]["arguments"] == case["drafted"]["arguments"])
+    assert s["draft_tokens"] > 0 and s["speedup_paired"]["value"] > 0
+
+
 @pytest.mark.skipif(not _native() or not REGISTRIES.is_dir() or not _have_minilm(),
                     reason="needs libnexus, ../shared/registries and the MiniLM embedder")
 def test_routing_lso_smoke(tmp_path):

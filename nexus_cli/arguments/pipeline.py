@@ -39,6 +39,7 @@ from ..config import DEFAULT_ARGS_TIME_LIMIT_S
 from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
 from .cards import CardSpan, card_span
+from .drafts import ArgumentDrafter
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
 from .prompt import build_messages, source_text, tool_block
 from .repairs import (
@@ -57,6 +58,7 @@ STATED_KEYS_PASS = True  # a second pass for optional fields the request states 
 STRING_MIN_BOUND = 48  # the smallest string bound the grammar gets (chars)
 TIGHT_STRING_MAX = 64  # the string bound of the retries over the tighter grammars (chars)
 FIRST_ANSWER_SHARE = 2 / 3  # of the time limit the first answer may use; the rest is kept for the retries
+DRAFTING = True  # greedy decoding verifies drafted tokens in batches (arguments/drafts.py); False: one at a time
 RETRY_GRAMMARS = ("tight", "required-first")  # tried in this order after a first answer that failed
 
 
@@ -72,6 +74,8 @@ class ArgsResult:
     #                                                   path prefixes restored
     prompt: str = ""
     retries: list[str] = field(default_factory=list)  # the RETRY_GRAMMARS generated after the first answer failed
+    drafted: int = 0  # draft tokens verified over the call's generations (arguments/drafts.py)
+    accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -119,8 +123,26 @@ class PromptCache:
             self._WARM[ctx] = (list(tokens), ctx.seq_pos_max(seq_id))
 
 
-def _forced_answer(ctx: Any, spec: ToolSpec, schema: dict, tokens: Sequence[int], source_chars: int,
-                   max_tokens: int, seq_id: int) -> tuple[dict | None, float]:
+class _Generations:
+    """The greedy generations of one call on one sequence, each drafted (ArgumentDrafter over the grammar's schema
+    and the text values come from) when drafting is on; counts the draft tokens verified and kept."""
+
+    def __init__(self, ctx: Any, seq_id: int, source: str, drafting: bool):
+        self.ctx, self.seq_id, self.source, self.drafting = ctx, seq_id, source, drafting
+        self.drafted = self.accepted = 0
+
+    def __call__(self, tokens: Sequence[int], start_pos: int, grammar: str, schema: Any, max_tokens: int,
+                 deadline: float | None = None):
+        draft = ArgumentDrafter(self.ctx.model, schema, self.source) if self.drafting else None
+        res = self.ctx.generate(tokens, max_tokens=max_tokens, grammar=grammar, temperature=0.0, seq_id=self.seq_id,
+                                start_pos=start_pos, deadline=deadline, draft=draft)
+        self.drafted += res.drafted
+        self.accepted += res.accepted
+        return res
+
+
+def _forced_answer(gen: _Generations, spec: ToolSpec, schema: dict, tokens: Sequence[int], source_chars: int,
+                   max_tokens: int) -> tuple[dict | None, float]:
     """A second greedy answer over the same prompt under the grammar of `schema` (a variant of the tool's own):
     (the answer, or None when the grammar cannot be built or the output is not an object; milliseconds spent).
     The prompt's cells are still in the cache, so only its last token is decoded again."""
@@ -128,8 +150,8 @@ def _forced_answer(ctx: Any, spec: ToolSpec, schema: dict, tokens: Sequence[int]
         gbnf, _ = grammar_of(spec.name, schema)
     except NexusError:
         return None, 0.0
-    res = ctx.generate(tokens[-1:], max_tokens=max_tokens, seq_id=seq_id, start_pos=len(tokens) - 1,
-                       grammar=with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)), temperature=0.0)
+    res = gen(tokens[-1:], len(tokens) - 1, with_string_limit(gbnf, max(STRING_MIN_BOUND, source_chars + 16)),
+              schema, max_tokens)
     try:
         answer = json.loads(res.text)
     except ValueError:
@@ -137,8 +159,8 @@ def _forced_answer(ctx: Any, spec: ToolSpec, schema: dict, tokens: Sequence[int]
     return (answer if isinstance(answer, dict) else None), res.t_total_ms
 
 
-def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
-                      max_tokens: int, seq_id: int) -> dict:
+def _stated_keys_pass(gen: _Generations, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str,
+                      source_chars: int, max_tokens: int) -> dict:
     """The values of the optional fields the first answer left out although the request states them
     (stated_optional_keys), from a second pass whose grammar makes them required; the first answer's other values
     are kept. {} when there is none; else {key: value, ..., "_ms": time}. The values still go through the drop of
@@ -148,7 +170,7 @@ def _stated_keys_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int
     if not keys or not isinstance(schema, dict):
         return {}
     forced = {**schema, "required": list(schema.get("required") or []) + keys}
-    second, ms = _forced_answer(ctx, spec, forced, tokens, source_chars, max_tokens, seq_id)
+    second, ms = _forced_answer(gen, spec, forced, tokens, source_chars, max_tokens)
     return {**{k: second[k] for k in keys if k in (second or {})}, "_ms": ms}
 
 
@@ -176,8 +198,8 @@ def _leaves(item: Any) -> set[str]:
     return {json.dumps(item)}
 
 
-def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str, source_chars: int,
-                       max_tokens: int, seq_id: int) -> dict:
+def _longer_lists_pass(gen: _Generations, spec: ToolSpec, args: dict, tokens: Sequence[int], source: str,
+                       source_chars: int, max_tokens: int) -> dict:
     """For each one-item list of the answer (one_item_lists), a second pass whose grammar asks for at least two
     items; its list replaces the answer's when it starts with the same item, and is kept up to the first item
     that brings no value of its own or is not written in the request + window (every string and number of it), so
@@ -194,7 +216,7 @@ def _longer_lists_pass(ctx: Any, spec: ToolSpec, args: dict, tokens: Sequence[in
     props = dict(schema["properties"])
     for k in keys:
         props[k] = {**props[k], "minItems": max(2, int(props[k].get("minItems", 0) or 0))}
-    second, ms = _forced_answer(ctx, spec, {**schema, "properties": props}, tokens, source_chars, max_tokens, seq_id)
+    second, ms = _forced_answer(gen, spec, {**schema, "properties": props}, tokens, source_chars, max_tokens)
     out: dict = {"_ms": ms}
     context = norm_text(source)
     for k in keys:
@@ -238,8 +260,8 @@ def required_first_schema(spec: ToolSpec, source: str) -> dict | None:
     return {**schema, "properties": {k: props[k] for k in keep}}
 
 
-def _retry_grammar(spec: ToolSpec, kind: str, source: str) -> str | None:
-    """The GBNF of one of RETRY_GRAMMARS for this tool and request, or None when there is none to try."""
+def _retry_grammar(spec: ToolSpec, kind: str, source: str) -> tuple[str, dict] | None:
+    """(the GBNF, its schema) of one of RETRY_GRAMMARS for this tool and request, or None when there is none."""
     schema = spec.input_schema if kind == "tight" else required_first_schema(spec, source)
     if schema is None:
         return None
@@ -247,7 +269,7 @@ def _retry_grammar(spec: ToolSpec, kind: str, source: str) -> str | None:
         text, _ = grammar_of(spec.name, schema, tight=True)
     except NexusError:
         return None
-    return text
+    return text, schema
 
 
 def _parsed(res: Any) -> tuple[dict | None, list[str]]:
@@ -270,7 +292,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       window_size: tuple[int, int] | None = None) -> ArgsResult:
+                       window_size: tuple[int, int] | None = None, drafting: bool | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -278,7 +300,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     keep it there when it has to be decoded (ArgumentPrefixes). cache: where the prompt's cells come from
     (PromptCache, the default, uses `prefixes`; the serving engine passes its arena's). time_limit_s: the bound on
     the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
-    (prompt.build_messages; the default is the product's).
+    (prompt.build_messages; the default is the product's). drafting: verify drafted tokens in batches
+    (arguments/drafts.py; False decodes one token at a time, the baseline of `nexus bench drafts`; None: DRAFTING).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -305,8 +328,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     source = source_text(query, window)
-    res = ctx.generate(tokens[start:], max_tokens=max_tokens, grammar=gbnf, temperature=0.0,
-                       seq_id=seq_id, start_pos=start, deadline=first_deadline)
+    gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting)
+    res = gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=first_deadline)
     cache.kept(ctx, tokens, res.tokens, seq_id)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms
     raw = res.text
@@ -314,9 +337,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     args, errors = _parsed(res)
     if args is not None:
         in_time = deadline is None or time.perf_counter() < deadline  # the second passes only improve an answer
-        added = _stated_keys_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+        added = _stated_keys_pass(gen, spec, args, tokens, source, source_chars, max_tokens) \
             if post_process and STATED_KEYS_PASS and in_time else {}
-        longer = _longer_lists_pass(ctx, spec, args, tokens, source, source_chars, max_tokens, seq_id) \
+        longer = _longer_lists_pass(gen, spec, args, tokens, source, source_chars, max_tokens) \
             if post_process and LONGER_LISTS_PASS and in_time else {}
         if added or longer:
             t_total += added.pop("_ms", 0.0) + longer.pop("_ms", 0.0)
@@ -337,11 +360,12 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
             if deadline is not None and time.perf_counter() >= deadline:
                 errors = errors + [f"argument generation stopped at its {time_limit_s:g} s time limit"]
                 break
-            tight = _retry_grammar(spec, kind, source)
-            if tight is None:
+            retry = _retry_grammar(spec, kind, source)
+            if retry is None:
                 continue
-            again = ctx.generate(tokens[-1:], max_tokens=max_tokens, grammar=with_string_limit(tight, string_bound),
-                                 temperature=0.0, seq_id=seq_id, start_pos=len(tokens) - 1, deadline=deadline)
+            tight, tight_schema = retry
+            again = gen(tokens[-1:], len(tokens) - 1, with_string_limit(tight, string_bound), tight_schema,
+                        max_tokens, deadline=deadline)
             cache.kept(ctx, tokens, None, seq_id)  # like a second pass: a kept slot holds the first answer
             t_total += again.t_total_ms
             retries.append(kind)
@@ -360,4 +384,4 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                                    "arguments either"]
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"] if args is not None else "", retries)
+                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted)

@@ -2,8 +2,8 @@
 
 import typer
 
-from . import (bench_args, bench_cards, bench_deep_splice, bench_l0, bench_latency, bench_lso, bench_poisoning,
-               bench_routing, bench_serve, bench_slb)
+from . import (bench_args, bench_cards, bench_deep_splice, bench_drafts, bench_l0, bench_latency, bench_lso,
+               bench_poisoning, bench_routing, bench_serve, bench_slb)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
@@ -22,6 +22,9 @@ app.command("routing-lso", help="Routing on servers the router embedder never tr
 )
 app.command("args", help="Argument fidelity and first-argument latency against full-schema re-prefill.")(
     bench_args.command
+)
+app.command("drafts", help="Arguments decoded with drafted tokens verified in batches against one token at a time.")(
+    bench_drafts.command
 )
 app.command("l0", help="L0 exact-token radix arena: warm-hit rate and copy latency.")(bench_l0.command)
 app.command("serve", help="nexus serve under hostile clients: mixed bad frames, SIGTERM under load, memory.")(bench_serve.command)

@@ -5,7 +5,7 @@
 Full: the main model (qwen2.5-0.5b) with the paper's parameters, into results/, then the fidelity suites again on a
 second model family with the other RoPE type (SmolLM2-135M, NORM; `deep-splice:smollm2-135m`, ..., written as that
 suite's variant: results/<suite>/latest-smollm2-135m.json), and the gate and dkl sweeps on the arguments model,
-Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`). Quick: the CI smoke variant of each
+Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`; `args` and `drafts` run on it by default). Quick: the CI smoke variant of each
 suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), into .nexus/results-quick/ so the
 committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
 exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
@@ -25,6 +25,7 @@ from ..output import progress as make_progress
 from . import (
     bench_args,
     bench_deep_splice,
+    bench_drafts,
     bench_l0,
     bench_latency,
     bench_poisoning,
@@ -43,7 +44,7 @@ SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
 LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
 LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl")]
-ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "serve", "poisoning", *SECOND_FAMILY_SUITES,
+ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "drafts", "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]
 SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
                "embedder": "minilm"}
@@ -96,6 +97,9 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
             if quick:
                 kw["model"] = TEST_LLM
             doc = bench_args.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "drafts":
+            kw = dict(bench_drafts.QUICK, model=TEST_LLM) if quick else {}
+            doc = bench_drafts.run(out_dir=str(out), quick=quick, progress=prog, **kw)
         elif suite == "serve":
             doc = bench_serve.run(out_dir=str(out), progress=prog, **(SERVE_QUICK if quick else {}))
         elif suite == "poisoning":

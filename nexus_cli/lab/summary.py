@@ -182,6 +182,22 @@ def args(doc) -> list[str]:
     return out
 
 
+def drafts(doc) -> list[str]:
+    s = doc["summary"]
+    pl, dr = s["plain"], s["drafted"]
+    kept = s["draft_kept_share"]
+    return [f"### Drafted argument decoding — {s['n_cases']} cases, {doc['params']['model']}", "", f"_{_machine(doc)}_",
+            "", "| quantity | one token a step | drafted |", "|---|---|---|",
+            f"| specified argument values right % | {_ci(pl['specified_args'], 1, 100)} | "
+            f"{_ci(dr['specified_args'], 1, 100)} |",
+            f"| valid argument objects % | {_ci(pl['valid'], 1, 100)} | {_ci(dr['valid'], 1, 100)} |",
+            f"| argument call ms (median) | {_ci(pl['ms'], 0)} | {_ci(dr['ms'], 0)} |",
+            f"| speedup (median of paired ratios) | | {_sp(s['speedup_paired'])} |",
+            f"| identical arguments % | | {_ci(s['identical_arguments'], 1, 100)} |",
+            f"| draft tokens kept | | {s['draft_tokens_kept']} of {s['draft_tokens']}"
+            + (f" ({kept * 100:.0f} %)" if kept is not None else "") + " |"]
+
+
 def slb(doc) -> list[str]:
     rows = doc["summary"].get("sizes", [])
     out = ["### SLB scan (Table IV)", "", f"_{_machine(doc)}_", "", "| N | C++ µs p50 | Python FFI µs p50 | NumPy f32 µs p50 |",
@@ -303,6 +319,9 @@ def _headline_rows(out_dir: Path) -> list[str]:
     add("args", "specified arguments right (routed cases)", lambda s, p: _ci(s["specified_args"], 1, 100) + " %", "100 %")
     add("args", "first argument token: signature vs full schema (steady)",
         lambda s, p: _sp(s["first_arg"]["steady"]["speedup"]), "1.66x")
+    add("drafts", "argument call, drafted tokens verified in batches against one token a step (identical arguments)",
+        lambda s, p: f"{_sp(s['speedup_paired'])} ({_ci(s['identical_arguments'], 1, 100)} %)", "—",
+        variants_too=True)
     add("deep-splice", "deep splice at n_past 256, K = 4: warm speedup (KL / floor)", lambda s, p: (lambda c: (
         f"{_sp(c['warm']['speedup'])} (KL {_kl(c['kl_max'])} / floor {_kl(c['floor_kl'])})"))(
         next(c for c in s["cells"].values() if c["K"] == 4 and c["depth"] == 256)), "—", variants_too=True)
@@ -334,7 +353,7 @@ def headline(out_dir: Path) -> str:
 
 
 SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing), ("args", args),
-            ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
+            ("drafts", drafts), ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
 
 
 def render(out_dir: Path) -> str:

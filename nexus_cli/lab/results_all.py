@@ -24,10 +24,12 @@ from ..errors import UsageError
 from ..output import progress as make_progress
 from . import (
     bench_args,
+    bench_cards,
     bench_deep_splice,
     bench_drafts,
     bench_l0,
     bench_latency,
+    bench_lso,
     bench_poisoning,
     bench_routing,
     bench_serve,
@@ -44,7 +46,8 @@ SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
 LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
 LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl")]
-ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "args", "drafts", "serve", "poisoning", *SECOND_FAMILY_SUITES,
+ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "card-splice",
+         "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]
 SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
                "embedder": "minilm"}
@@ -97,6 +100,12 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
             if quick:
                 kw["model"] = TEST_LLM
             doc = bench_args.run(out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "routing-lso":  # the blind test part, as published
+            kw = dict(bench_lso.QUICK, model=TEST_LLM) if quick else {}
+            doc = bench_lso.run(part="test", out_dir=str(out), quick=quick, progress=prog, **kw)
+        elif suite == "card-splice":  # measured with the shipped repair, which only --write-repair changes
+            kw = dict(bench_cards.QUICK) if quick else {}
+            doc = bench_cards.run(out_dir=str(out), quick=quick, progress=prog, **kw)
         elif suite == "drafts":
             kw = dict(bench_drafts.QUICK, model=TEST_LLM) if quick else {}
             doc = bench_drafts.run(out_dir=str(out), quick=quick, progress=prog, **kw)

@@ -182,11 +182,39 @@ def args(doc) -> list[str]:
     return out
 
 
+def routing_lso(doc) -> list[str]:
+    s, p = doc["summary"], doc["params"]
+    return [f"### Routing on servers never trained on — {p['part']} part, {p['tools']} tools, {s['n']} requests",
+            "", f"_{_machine(doc)}_", "",
+            f"Embedder `{p['embedder']}`, reranker {p['reranker']} ({p.get('model') or '—'}), no example requests.", "",
+            "| quantity | Nexus [95 % CI] |", "|---|---|",
+            f"| top-1 % | {_ci(s['top1'], 1, 100)} |",
+            f"| top-3 % | {_ci(s['top3'], 1, 100)} |",
+            f"| top-1 % counting interchangeable copies | {_ci(s['top1_interchangeable'], 1, 100)} |",
+            f"| follow-ups top-1 % (n = {s['n_follow_up']}) | {_ci(s['follow_up_top1'], 1, 100)} |",
+            f"| decisions escalated % | {_ci(s['escalated'], 1, 100)} |",
+            f"| median decision ms | {s['ms_median']:.0f} |"]
+
+
+def card_splice(doc) -> list[str]:
+    s = doc["summary"]
+    out = ["### Cards in sessions", "", f"_{_machine(doc)}_", "",
+           "| depth | n | card decoded after the conversation % | re-prefill ms | splice ms | speedup | "
+           "same arguments % | KL / floor (nats) |", "|---|---|---|---|---|---|---|---|"]
+    for depth, c in s["test"].items():
+        if not isinstance(c, dict) or "speedup" not in c:
+            continue
+        out.append(f"| {depth} | {c['n']} | {', '.join(f'{h:g}' for h in c['head_pct'])} | "
+                   f"{_ci(c['reprefill_ms'], 0)} | {_ci(c['splice_ms'], 0)} | {_sp(c['speedup'])} | "
+                   f"{_ci(c['same_arguments'], 1, 100)} | {_kl(c['kl_mean'])} / {_kl(c['floor_kl_mean'])} |")
+    return out
+
+
 def drafts(doc) -> list[str]:
     s = doc["summary"]
     pl, dr = s["plain"], s["drafted"]
     kept = s["draft_kept_share"]
-    return [f"### Drafted argument decoding — {s['n_cases']} cases, {doc['params']['model']}", "", f"_{_machine(doc)}_",
+    return [f"### Drafted argument decoding — {s['n_cases']} cases", "", f"_{_machine(doc)}_",
             "", "| quantity | one token a step | drafted |", "|---|---|---|",
             f"| specified argument values right % | {_ci(pl['specified_args'], 1, 100)} | "
             f"{_ci(dr['specified_args'], 1, 100)} |",
@@ -352,8 +380,8 @@ def headline(out_dir: Path) -> str:
                       "|---|---|---|---|", *rows]) + "\n"
 
 
-SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing), ("args", args),
-            ("drafts", drafts), ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
+SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing),
+            ("routing-lso", routing_lso), ("args", args), ("drafts", drafts), ("card-splice", card_splice), ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
 
 
 def render(out_dir: Path) -> str:

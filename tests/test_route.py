@@ -153,6 +153,22 @@ def test_history_informs_routing_of_follow_ups(forge_dir, embedder):
     assert on.route(q, history=history, with_args=False).tool == "rerun_workflow"
 
 
+def test_arguments_model_loads_beside_the_routing(forge_dir, embedder, tmp_path):
+    """A route with arguments starts loading the arguments' LLM once the request is encoded; llm() waits for that
+    load and hands back its context, and a load that failed is raised by llm() in the caller, not lost in the
+    thread. Without arguments nothing is loaded."""
+    r = Router(forge_dir, RouterConfig(reranker="none", model="smollm2-135m"), embedder=embedder)
+    r.route("close issue 3 in acme/api", with_args=False)
+    assert r._llm is None and r._llm_loading is None
+    res = r.route("close issue 3 in acme/api")
+    assert res.arguments is not None and r._llm_loading is None and r.llm() is r._llm
+    missing = tmp_path / "missing.gguf"
+    broken = Router(forge_dir, RouterConfig(reranker="none", model=str(missing)), embedder=embedder)
+    broken.prefetch_llm()
+    with pytest.raises(NexusError):
+        broken.llm()
+
+
 def test_empty_query_is_an_error(router):
     with pytest.raises(NexusError, match="empty"):
         router.route("   ", with_args=False)

@@ -7,6 +7,7 @@ routing benchmark. No CLI or rendering code here.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,6 +146,8 @@ class Router:
             raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
         self._llm = llm
         self._rerank_llm = None  # the rerankers' own context when config.rerank_model differs from config.model
+        self._llm_loading: threading.Thread | None = None  # prefetch_llm's load, joined by llm()
+        self._llm_error: BaseException | None = None
         self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
         self._schemas = self._load_registry_schemas(registry) if registry else None
         self._specs: dict[str, object] = {}  # tool key -> ToolSpec, made once per tool
@@ -204,9 +207,30 @@ class Router:
 
     def llm(self):
         """The LLM context of argument generation (config.model), made on first use."""
+        if self._llm_loading is not None:
+            self._llm_loading.join()
+            self._llm_loading = None
+            if self._llm_error is not None:
+                error, self._llm_error = self._llm_error, None
+                raise error
         if self._llm is None:
             self._llm = self._context(self.config.model)
         return self._llm
+
+    def prefetch_llm(self) -> None:
+        """Start loading the arguments' LLM in a thread, so that its load overlaps the routing and the reranker
+        (a one-shot `nexus route` needs both models); llm() waits for it."""
+        if self._llm is not None or self._llm_loading is not None:
+            return
+
+        def load():
+            try:
+                self._llm = self._context(self.config.model)
+            except BaseException as e:  # noqa: BLE001 - handed to llm(), which raises it in the caller's thread
+                self._llm_error = e
+
+        self._llm_loading = threading.Thread(target=load, name="nexus-llm-load", daemon=True)
+        self._llm_loading.start()
 
     @property
     def rerank_model(self) -> str | None:
@@ -271,6 +295,8 @@ class Router:
             raise NexusError("the query is empty")
         t_start = time.perf_counter()
         scores, tm = self.retrieve(query, history)
+        if with_args:
+            self.prefetch_llm()  # after the request's encoding, which would share the cores with it
         # room for the reranker's distinct candidates when copies of one tool sit among the first
         k = max(self.config.top_k, 2 * self.rerank_k)
         order, margin = rank(self.index, scores, k)

@@ -131,6 +131,20 @@ def first_token_ms(ctx, tokens: list[int], grammar: str, cached: int) -> float:
     return res.t_first_token_ms
 
 
+def load_cases(cases: str | os.PathLike | Sequence[str | os.PathLike] | None,
+               max_cases: int | None = None) -> tuple[list[Path], list[dict]]:
+    """(the case files, their cases each tagged with its file's name as `_file`): the blind sets when `cases` is
+    None, else the files named (a list, or one string of comma-separated paths); the first `max_cases` if given."""
+    if cases is None:
+        paths = list(BLIND_CASES)
+    elif isinstance(cases, (str, os.PathLike)):
+        paths = [Path(p) for p in str(cases).split(",")]
+    else:
+        paths = [Path(p) for p in cases]
+    cs = [dict(c, _file=p.name) for p in paths for c in load_queries(p)]
+    return paths, (cs[:max_cases] if max_cases else cs)
+
+
 def run(
     cases: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     registry_dir: str | None = None,
@@ -149,14 +163,7 @@ def run(
     write: bool = True,
 ) -> dict:
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
-    if cases is None:
-        paths = list(BLIND_CASES)
-    elif isinstance(cases, (str, os.PathLike)):
-        paths = [Path(p) for p in str(cases).split(",")]
-    else:
-        paths = [Path(p) for p in cases]
-    cs = [dict(c, _file=p.name) for p in paths for c in load_queries(p)]
-    cs = cs[:max_cases] if max_cases else cs
+    paths, cs = load_cases(cases, max_cases)
     if pool == "cases":  # smoke tests: a registry of the cases' own gold (and acceptable) tools only
         wanted = set().union(*(gold_keys(c) for c in cs))
         tools = [t for t in pool_tools(reg_dir) if t.key in wanted]

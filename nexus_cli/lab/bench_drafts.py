@@ -26,8 +26,8 @@ from ..arguments.pipeline import generate_arguments
 from ..config import ARGUMENTS_LLM, REPO_ROOT
 from ..schema import compile_tool
 from . import stats
-from .bench_args import BLIND_CASES, gold_in_tool_names, values_equal
-from .bench_routing import load_queries, pool_tools
+from .bench_args import gold_in_tool_names, load_cases, values_equal
+from .bench_routing import pool_tools
 from .common import NULL_PROGRESS, Progress, registry_dir_default
 from .results import Run, model_identity, model_variant
 
@@ -55,14 +55,7 @@ def run(
     write: bool = True,
 ) -> dict:
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
-    if cases is None:
-        paths = list(BLIND_CASES)
-    elif isinstance(cases, (str, os.PathLike)):
-        paths = [Path(p) for p in str(cases).split(",")]
-    else:
-        paths = [Path(p) for p in cases]
-    cs = [dict(c, _file=p.name) for p in paths for c in load_queries(p)]
-    cs = cs[:max_cases] if max_cases else cs
+    paths, cs = load_cases(cases, max_cases)
     by_key = {t.key: t for t in pool_tools(reg_dir)}
     params = dict(cases=[os.path.relpath(p, REPO_ROOT) for p in paths], n_cases=len(cs),
                   registry_dir=os.path.relpath(reg_dir, REPO_ROOT), model=model, n_boot=n_boot, quick=quick,

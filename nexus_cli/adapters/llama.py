@@ -855,7 +855,7 @@ class LlamaContext:
             idx = -1  # the output of the last decode whose logits give the next token
             pending: list[int] = []  # draft tokens decoded after output idx, not verified yet
             drafted = accepted = 0
-            while True:
+            while len(out) < max_tokens:  # (the end is also checked after each token, to stop before a decode)
                 ts = time.perf_counter()
                 tok = int(L.llama_sampler_sample(chain, self._ctx, idx))
                 if check is not None:

@@ -255,13 +255,44 @@ def stem(w: str) -> str:
     return w
 
 
-def lex_tokens(text: str) -> list[str]:
-    out = []
-    for w in name_words(text):
-        w = _ABBREV.get(w, w)
-        for part in w.split():
-            if part not in _STOP and len(part) > 1:
-                out.append(stem(part))
+# The lexical tokenizer's version, stored in an index's lexical.json: a request is tokenized as its index's tools were.
+# 1: words as name_words splits them. 2: CJK text as overlapping character pairs, and CJK, full-width and general
+# punctuation as separators (1 kept a whole run such as "获取抖音热搜榜单，展示…" as one word, so a Chinese request
+# shared no token with its tool).
+LEX_TOKENIZER = 2
+
+# Han, kana and Hangul: written without spaces between words (Korean has spaces, but its words inflect), so a run is
+# indexed as its overlapping character pairs, the standard for CJK search (a lone character stays itself).
+_CJK = "\u1100-\u11FF\u3040-\u30FF\u3130-\u318F\u3400-\u4DBF\u4E00-\u9FFF\uAC00-\uD7AF\uF900-\uFAFF"
+_CJK_RUN = re.compile(f"[{_CJK}]+|[^{_CJK}]+")  # a word as alternating CJK and other runs
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+# Punctuation inside name_words' word range (U+00C0-U+FFFF): general punctuation (dashes, curly quotes, ellipsis),
+# CJK punctuation (、。「」), full-width forms (，：？！（）).
+_WIDE_PUNCT = re.compile(r"[\u2000-\u206F\u3000-\u303F\uFF00-\uFF0F\uFF1A-\uFF20\uFF3B-\uFF40\uFF5B-\uFF65]+")
+
+
+def _latin_tokens(w: str, out: list[str]) -> None:
+    w = _ABBREV.get(w, w)
+    for part in w.split():
+        if part not in _STOP and len(part) > 1:
+            out.append(stem(part))
+
+
+def lex_tokens(text: str, version: int = LEX_TOKENIZER) -> list[str]:
+    """BM25 tokens of a text: lower-case words without stop words, lightly stemmed; from version 2, CJK runs as
+    character pairs. Text of ASCII, Latin and other alphabets without CJK or wide punctuation gives the same tokens in
+    both versions."""
+    out: list[str] = []
+    if version < 2 or text.isascii():
+        for w in name_words(text):
+            _latin_tokens(w, out)
+        return out
+    for w in name_words(_WIDE_PUNCT.sub(" ", text)):
+        for run in _CJK_RUN.findall(w):
+            if _CJK_CHAR.match(run):
+                out.extend([run] if len(run) == 1 else [run[i:i + 2] for i in range(len(run) - 1)])
+            else:
+                _latin_tokens(run, out)
     return out
 
 

@@ -510,6 +510,48 @@ def test_example_requests_join_their_tools_bm25_document(tmp_path, embedder, for
     assert not load_index(plain).bm25.scores(textgen.lex_tokens("kumquat")).any()
 
 
+def test_lexical_tokens_split_cjk_text_into_character_pairs():
+    """Tokenizer 2: a run of Han, kana or Hangul becomes its overlapping character pairs (a lone character stays
+    itself), and CJK, full-width and general punctuation separate words; other text tokenizes as in tokenizer 1."""
+    lt = textgen.lex_tokens
+    assert lt("抖音热搜") == ["抖音", "音热", "热搜"]
+    assert lt("获取抖音热搜榜单，展示当下") == ["获取", "取抖", "抖音", "音热", "热搜", "搜榜", "榜单", "展示", "示当", "当下"]
+    assert lt("trains between 杭州 and 南京") == ["train", "between", "杭州", "南京"]
+    assert lt("삼성전자 1월") == ["삼성", "성전", "전자", "월"]
+    assert lt("少数派「效率技巧」") == ["少数", "数派", "效率", "率技", "技巧"]
+    assert lt("the “main” branch…now") == ["main", "branch", "now"]
+    for text in ("create_pull_request in acme/api", "café résumé for Zoë", "list the open PRs"):
+        assert lt(text) == lt(text, 1)
+    assert lt("抖音热搜", 1) == ["抖音热搜"] and lt("the “main” branch", 1) == ["“main”", "branch"]
+
+
+def test_a_chinese_request_meets_its_tools_chinese_description(tmp_path, embedder):
+    """The index records its tokenizer; a request shares character pairs with the tool described in Chinese. An index
+    written with tokenizer 1 tokenizes its requests as tokenizer 1 did, and an unknown tokenizer is refused."""
+    from nexus_cli.registry import Tool
+
+    tools = [Tool("hub", "get-douyin-trending", "获取抖音热搜榜单，展示当下最热门的社会话题", {"type": "object"}),
+             Tool("hub", "get-zhihu-trending", "获取知乎热榜，包含时事热点、社会话题", {"type": "object"}),
+             Tool("hub", "get-weather", "Current weather for a city", {"type": "object"})]
+    out = tmp_path / "cjk-idx"
+    build_index(tools, out, embedder=embedder)
+    lexical = json.loads((out / "lexical.json").read_text("utf-8"))
+    assert lexical["tokenizer"] == f"textgen.lex_tokens/v{textgen.LEX_TOKENIZER}" and textgen.LEX_TOKENIZER == 2
+    idx = load_index(out)
+    assert idx.bm25.tokenizer == 2
+    scores = idx.bm25.scores(idx.bm25.tokens("抖音热搜"))
+    assert int(np.argmax(scores)) == 0 and scores[2] == 0
+    # the same postings labelled as tokenizer 1: requests are then tokenized whole, as that index's tools were
+    lexical["tokenizer"] = "textgen.lex_tokens/v1"
+    (out / "lexical.json").write_text(json.dumps(lexical), "utf-8")
+    old = load_index(out)
+    assert old.bm25.tokenizer == 1 and old.bm25.tokens("抖音热搜") == ["抖音热搜"]
+    lexical["tokenizer"] = "textgen.lex_tokens/v9"
+    (out / "lexical.json").write_text(json.dumps(lexical), "utf-8")
+    with pytest.raises(FormatError, match="tokenizer"):
+        load_index(out)
+
+
 def test_cli_index_bad_examples_file(tmp_path):
     bad = tmp_path / "ex.jsonl"
     bad.write_text('{"server": "forge", "tool": "merge_pull_request"}\n')

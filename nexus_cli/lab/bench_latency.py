@@ -146,7 +146,8 @@ def measure_scan(index, prepared, reps: int) -> dict:
     must be identical both ways and with the top-256 dense step before that (`previous_dense`; checked, reported)."""
     lw = index.lex_weight()
     same = True
-    prepared = [(texts, vecs, [textgen.lex_tokens(t) for t in texts]) for texts, vecs in prepared]
+    tokens = index.bm25.tokens if index.bm25 is not None else textgen.lex_tokens
+    prepared = [(texts, vecs, [tokens(t) for t in texts]) for texts, vecs in prepared]
     for texts, vecs, toks in prepared:  # warm-up, and the identity check
         a, ma = _scan_step(index, lw, texts, vecs, toks)
         b, mb = _python_fusion_step(index, lw, texts, vecs, toks)
@@ -162,7 +163,7 @@ def measure_scan(index, prepared, reps: int) -> dict:
             _python_fusion_step(index, lw, texts, vecs, toks)
             t2 = clock()
             for t in texts:
-                textgen.lex_tokens(t)
+                tokens(t)
             t3 = clock()
             prod.append(t1 - t0)
             prev.append(t2 - t1)

@@ -52,8 +52,9 @@ DEFAULT_VALUE_MASKING = True
 # exact duplicates. 3: requests (and the gate's probes) are also scored with their values masked. 4: example requests
 # join their tool's BM25 document. 5: twelve examples per tool. 6: the gate's margin leaves out interchangeable tools
 # (the same tool on another server, registry.interchangeable_groups). 7: tools.json stores the normalized schema.
-# 8: index format 3 (tools.json and tool_details.json; the interchangeable groups in the manifest).
-BUILD_REVISION = 9
+# 8: index format 3 (tools.json and tool_details.json; the interchangeable groups in the manifest). 9: index format 4.
+# 10: lexical tokenizer 2 (CJK text as character pairs).
+BUILD_REVISION = 10
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
 EXAMPLES_PER_TOOL = 12
@@ -358,7 +359,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
         atomic_write_json(tmp / "tools.json", list(heads), compact=True)
         atomic_write_json(tmp / "tool_details.json", list(details), compact=True)
         if lex_docs is not None:
-            atomic_write_json(tmp / "lexical.json", {"tokenizer": "textgen.lex_tokens/v1",
+            atomic_write_json(tmp / "lexical.json", {"tokenizer": f"textgen.lex_tokens/v{textgen.LEX_TOKENIZER}",
                                                      "doc_lengths": [len(d) for d in lex_docs],
                                                      "postings": postings_of(lex_docs)}, compact=True)
         if ft_dir is not None:

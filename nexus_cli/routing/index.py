@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import textgen
 from ..errors import FormatError
 from ..files import pid_alive
 from ..registry import copies_by_member, interchangeable_map
@@ -201,10 +203,21 @@ def _read_lexical(path: Path, n_tools: int) -> BM25:
     if isinstance(doc, dict) and isinstance(doc.get("postings"), dict) and isinstance(doc.get("doc_lengths"), list):
         if len(doc["doc_lengths"]) != n_tools:
             raise FormatError(f"index {path.parent}: lexical.json does not match slb.bin")
-        return BM25.from_postings(doc["doc_lengths"], doc["postings"])
+        return BM25.from_postings(doc["doc_lengths"], doc["postings"], _tokenizer_version(doc.get("tokenizer")))
     if isinstance(doc, dict) and isinstance(doc.get("docs"), list):
-        return BM25(doc["docs"])
+        return BM25(doc["docs"], tokenizer=1)  # formats 2 and 3 predate tokenizer 2
     raise FormatError(f"{path}: neither postings nor token lists")
+
+
+def _tokenizer_version(name) -> int:
+    """"textgen.lex_tokens/vN" → N (lexical.json's "tokenizer"); 1 when absent. A version this code does not know is
+    refused: its requests would be tokenized unlike its tools."""
+    m = re.fullmatch(r"textgen\.lex_tokens/v(\d+)", name) if isinstance(name, str) else None
+    if name is None:
+        return 1
+    if m is None or not 1 <= int(m.group(1)) <= textgen.LEX_TOKENIZER:
+        raise FormatError(f"lexical.json: tokenizer {name!r} is not one this nexus reads (rebuild with `nexus index`)")
+    return int(m.group(1))
 
 
 def _read_tool_list(path: Path, n_tools: int) -> list[dict]:

@@ -8,6 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import textgen
+
 
 def postings_of(docs: Sequence[Sequence[str]]) -> dict[str, list[int]]:
     """Each token's postings as lexical.json (format 4) stores them: [tool, term frequency, tool, tf, …], tools
@@ -40,8 +42,11 @@ class BM25:
     955-tool index (80 of 133 ms)."""
 
     def __init__(self, docs: Sequence[Sequence[str]] | None = None, k1: float = 1.2, b: float = 0.75, *,
-                 doc_lengths: Sequence[int] | None = None, postings: dict[str, list[int]] | None = None):
+                 doc_lengths: Sequence[int] | None = None, postings: dict[str, list[int]] | None = None,
+                 tokenizer: int | None = None):
         self.k1, self.b = k1, b
+        # the textgen.lex_tokens version the documents were made with; a request is tokenized with the same
+        self.tokenizer = textgen.LEX_TOKENIZER if tokenizer is None else tokenizer
         self._docs = list(docs) if docs is not None else None  # each document only needs .count(token)
         self._stored = postings
         if docs is not None:
@@ -53,8 +58,13 @@ class BM25:
         self._cache: dict[str, tuple | None] = {}
 
     @classmethod
-    def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]]) -> "BM25":
-        return cls(doc_lengths=doc_lengths, postings=postings)
+    def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]],
+                      tokenizer: int | None = None) -> "BM25":
+        return cls(doc_lengths=doc_lengths, postings=postings, tokenizer=tokenizer)
+
+    def tokens(self, text: str) -> list[str]:
+        """A request's tokens, made as this BM25's documents were."""
+        return textgen.lex_tokens(text, self.tokenizer)
 
     def _counts(self, tok: str) -> tuple[np.ndarray, np.ndarray] | None:
         """(tool indices ascending, term frequencies) of a token, or None when no tool holds it."""

@@ -64,7 +64,7 @@ def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequen
     instead (a benchmark passes the one the native call replaced: the same scores, bit for bit)."""
     use_lex = bm25 is not None and lex_weight > 0
     if tokens is None and use_lex:
-        tokens = [textgen.lex_tokens(t) for t in texts]
+        tokens = [bm25.tokens(t) for t in texts]
     if dense_fn is not None:
         total, native = None, 0.0
         for i, v in enumerate(vecs):

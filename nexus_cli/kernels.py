@@ -14,7 +14,7 @@ from .errors import NexusError, UsageError
 
 __all__ = [
     "simd_level", "simd_level_id", "set_simd_level", "eff_pct", "rope_rotate_f16", "quantize_i8", "slb_dots",
-    "slb_topk", "slb_topk_timed", "SlbScanner", "SlbToolScorer", "LINEAR_PANEL", "pack_f16_panels", "LinearF16", "linear_f16", "layer_norm",
+    "native_dense_pays", "slb_topk", "slb_topk_timed", "SlbScanner", "SlbToolScorer", "LINEAR_PANEL", "pack_f16_panels", "LinearF16", "linear_f16", "layer_norm",
     "Trie", "Arena",
 ]
 
@@ -44,6 +44,14 @@ def simd_level_id() -> int:
 
 def simd_level() -> str:
     return _native.lib().nexus_simd_name(simd_level_id()).decode()
+
+
+def native_dense_pays() -> bool:
+    """Whether nexus_linear_f16 (one core) runs a request encoder's dense layers faster than NumPy's float32 BLAS
+    (every core): on AVX-512, 6.9 against 12.1 ms a request (results/latency/latency-20261204T224538Z.json); on an
+    AVX2-only CPU, 38.4 against 28.6 ms (results/avx2/latency/latency-20261205T070255Z.json); the other levels have
+    only the scalar loop."""
+    return simd_level_id() in (_native.SIMD_AVX512, _native.SIMD_AVX512_VNNI)
 
 
 def set_simd_level(level: str | int) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from nexus_cli.adapters.embedder import (Embedder, NumpyBertEncoder, numpy_unsupported_reason, query_embedder,
                                          read_safetensors)
+from nexus_cli import kernels
 from nexus_cli.errors import ModelError
 from nexus_cli.models import resolve_model
 from nexus_cli.registry import load_registries
@@ -84,12 +85,16 @@ def test_shipped_router_embedder_is_float16_on_disk_and_float32_in_both_encoders
     assert {v.dtype for v in stored.values()} == {np.dtype(np.float16)}
     torch_side = Embedder("nexus-router", query_precision="float32")
     assert {p.dtype for p in torch_side.model.parameters()} == {__import__("torch").float32}
-    # the route-time encoder keeps the float16 weights: its dense layers run in libnexus (kernels.LinearF16), the
-    # same float32 arithmetic in another order of sums; NumPy float32 (native=False) is the baseline it replaced
-    numpy_side = query_embedder("nexus-router")
-    assert isinstance(numpy_side, NumpyBertEncoder) and numpy_side.half and numpy_side.word.dtype == np.float16
+    # the route-time encoder keeps the float16 token table; its dense layers run in libnexus (kernels.LinearF16, the
+    # same float32 arithmetic in another order of sums) where that is faster than NumPy float32 (native=False),
+    # and in every one-shot process (a float32 copy of the layers costs more to make than one request saves)
+    auto_side = query_embedder("nexus-router")
+    assert isinstance(auto_side, NumpyBertEncoder) and auto_side.word.dtype == np.float16
+    assert auto_side.half == kernels.native_dense_pays()
+    assert query_embedder("nexus-router", one_shot=True).half
+    numpy_side = NumpyBertEncoder(path, native=True)
     f32_side = NumpyBertEncoder(path, native=False)
-    assert not f32_side.half and f32_side.word.dtype == np.float32
+    assert numpy_side.half and not f32_side.half and f32_side.word.dtype == np.float16
     got, want = numpy_side.encode(TEXTS), torch_side.encode(TEXTS, role="query")
     assert float(np.abs(got - want).max()) < 2e-5
     assert float(np.abs(got - f32_side.encode(TEXTS)).max()) < 2e-5

@@ -43,6 +43,13 @@ def restore_level():
 
 # ---------------------------------------------------------------- dispatch
 
+def test_native_dense_layers_are_chosen_only_where_they_were_measured_faster(restore_level):
+    # nexus_linear_f16 beats NumPy's float32 BLAS on AVX-512 only (docs/routing.md, "Latency"); AVX2 and NEON lose
+    for name in LEVELS:
+        kernels.set_simd_level(name)
+        assert kernels.native_dense_pays() == (name in ("avx512", "avx512_vnni")), name
+
+
 def test_import_does_not_load_library():
     code = "import nexus_cli._native as n, nexus_cli.kernels, nexus_cli.atb; print(n.is_loaded())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)

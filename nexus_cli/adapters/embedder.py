@@ -212,9 +212,9 @@ class NumpyBertEncoder:
     LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the masked mean over tokens and L2
     normalisation. Same interface as `Embedder` for queries: encode_one, encode_few, encode."""
 
-    def __init__(self, path: str | Path, native: bool = True):
-        """native=False keeps even a float16 model's layers in NumPy float32 (the baseline `nexus bench latency`
-        measures the native layers against)."""
+    def __init__(self, path: str | Path, native: bool | None = None):
+        """native: a float16 model's dense layers in libnexus (True) or in NumPy float32 (False: the baseline `nexus
+        bench latency` measures the native layers against); None: the faster on this CPU (kernels.native_dense_pays)."""
         self.path = Path(path)
         self.name = self.path.name
         why = numpy_unsupported_reason(self.path)
@@ -246,10 +246,14 @@ class NumpyBertEncoder:
         def w(name: str):
             return np.ascontiguousarray(raw(name), dtype=np.float32)
 
-        # a float16 model (the shipped router embedder) keeps its weights in float16: the dense layers run in
-        # libnexus (kernels.LinearF16, exact float16 x float32 products summed in float32) and the token table is
-        # read row by row, so loading converts nothing and a request reads half the bytes
-        half = native and raw("encoder.layer.0.attention.self.query.weight").dtype == np.float16
+        # a float16 model (the shipped router embedder) keeps its token table in float16, read row by row. Its dense
+        # layers run in libnexus (kernels.LinearF16, exact float16 x float32 products summed in float32: loading
+        # converts nothing and a request reads half the bytes) where that is the faster way: one core's AVX-512
+        # beats NumPy's float32 BLAS on both cores there, AVX2 does not (kernels.native_dense_pays)
+        f16_model = raw("encoder.layer.0.attention.self.query.weight").dtype == np.float16
+        if native is None:
+            native = kernels.native_dense_pays()
+        half = native and f16_model
 
         def dense(a: str, names: Sequence[str], act: str | None = None):
             """The Linear layers `names` of prefix a as one layer (their outputs side by side): x -> act(x @ W + b)."""
@@ -264,7 +268,7 @@ class NumpyBertEncoder:
         def norm(name: str):
             return (w(name + ".weight"), w(name + ".bias"))
 
-        self.word = raw("embeddings.word_embeddings.weight") if half else w("embeddings.word_embeddings.weight")
+        self.word = raw("embeddings.word_embeddings.weight") if f16_model else w("embeddings.word_embeddings.weight")
         self.position = w("embeddings.position_embeddings.weight")
         self.token_type = w("embeddings.token_type_embeddings.weight")
         self.emb_norm = norm("embeddings.LayerNorm")
@@ -408,16 +412,20 @@ def numpy_unsupported_reason(path: Path) -> str | None:
     return None
 
 
-def query_embedder(name_or_path: str | Path = DEFAULT_EMBEDDER, threads: int | None = None, encoder: str | None = None):
+def query_embedder(name_or_path: str | Path = DEFAULT_EMBEDDER, threads: int | None = None, encoder: str | None = None,
+                   one_shot: bool = False):
     """What embeds requests at route time: a NumpyBertEncoder where the model allows it (no torch import), else the
-    sentence-transformers Embedder. encoder (or $NEXUS_QUERY_ENCODER): auto, numpy or torch."""
+    sentence-transformers Embedder. encoder (or $NEXUS_QUERY_ENCODER): auto, numpy or torch. one_shot: a process
+    that embeds one request keeps a float16 model's layers native on every CPU (their float32 copy costs more to
+    make, ~27 ms on an AVX2-only CPU, than it saves in one request)."""
     choice = (encoder or QUERY_ENCODER).strip().lower()
     if choice not in ("auto", "numpy", "torch"):
         raise ModelError(f"query encoder must be auto, numpy or torch, not {choice!r} (NEXUS_QUERY_ENCODER)")
     if choice != "torch":
         path = resolve_model(name_or_path, kind="embedder") if not isinstance(name_or_path, Path) else name_or_path
         try:
-            return NumpyBertEncoder(path)  # refuses, with the reason, a model it does not implement
+            # refuses, with the reason, a model it does not implement
+            return NumpyBertEncoder(path, native=True if one_shot else None)
         except ModelError:
             if choice == "numpy":
                 raise

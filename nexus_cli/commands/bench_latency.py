@@ -56,12 +56,14 @@ def render(doc: dict, console) -> None:
                   fmt_ci(r["product"]["median_ci_us"], 1), f"previous {fmt_ci(r['previous']['median_ci_us'], 1)}",
                   fmt_speedup(r["speedup"]))
     e = s["encoder"]
-    t.add_row("request encoder, warm (ms)", fmt_ci(e["product_native_f16"]["median_ci_ms"], 2),
+    t.add_row("request encoder, native f16 layers (ms)", fmt_ci(e["product_native_f16"]["median_ci_ms"], 2),
               f"NumPy f32 {fmt_ci(e['numpy_f32']['median_ci_ms'], 2)}", fmt_speedup(e["speedup_vs_numpy_f32"]))
     t.add_row("", "", f"sentence-transformers {fmt_ci(e['sentence_transformers']['median_ci_ms'], 2)}",
               fmt_speedup(e["speedup_vs_sentence_transformers"]))
+    layers = {"native_f16": "native f16", "numpy_f32": "NumPy f32"}.get(e.get("warm_layers"), "native f16")
     for name, r in s["warm_route"].items():
-        t.add_row(f"warm request, {r['index_tools']} tools (ms)", fmt_ci(r["total"]["median_ci_ms"], 2), "—", "—")
+        t.add_row(f"warm request, {r['index_tools']} tools (ms; {layers} layers)", fmt_ci(r["total"]["median_ci_ms"], 2),
+                  "—", "—")
     for name, o in s["oneshot"].items():
         base = o.get("baseline")
         t.add_row(f"one-shot route --no-args, {name} index (ms, {o['escalated_share'] * 100:.0f} % escalated)",

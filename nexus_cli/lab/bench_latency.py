@@ -180,7 +180,7 @@ def measure_scan(index, prepared, reps: int) -> dict:
 
 def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> dict:
     path = resolve_model(DEFAULT_EMBEDDER, kind="embedder")
-    native = NumpyBertEncoder(path)
+    native = NumpyBertEncoder(path, native=True)
     f32 = NumpyBertEncoder(path, native=False)
     if not native.half:
         raise NexusError(f"{DEFAULT_EMBEDDER} is not a float16 model: its layers do not run in libnexus")
@@ -227,6 +227,9 @@ def measure_encoder(requests, value_masking: bool, all_index, reps: int) -> dict
         "max_cosine_distance_vs_sentence_transformers": max(cos_dist(a, c) for a, c in zip(v_nat, v_torch)),
         "top1_differs_vs_numpy_f32": sum(a != b for a, b, _ in tops),
         "top1_differs_vs_sentence_transformers": sum(a != c for a, _, c in tops),
+        # what a warm process (batches, sessions, `nexus serve`, the warm route below) runs on this CPU; a one-shot
+        # process runs the native layers everywhere
+        "warm_layers": "native_f16" if kernels.native_dense_pays() else "numpy_f32",
     }
     return out
 

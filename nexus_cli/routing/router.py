@@ -137,7 +137,7 @@ class Router:
             # requests are embedded in NumPy where the model allows it: no torch / sentence-transformers import
             # (~7 s of a one-shot `nexus route`); adapters.embedder.query_embedder says when it falls back
             embedder = query_embedder(self.index.embedder, threads=self.config.threads,
-                                      encoder=self.config.query_encoder)
+                                      encoder=self.config.query_encoder, one_shot=not self.config.warm)
         self.embedder = embedder
         self._reranker = None
         self._reranker_name = self._pick_reranker()

@@ -154,10 +154,29 @@ def test_routing_lso_smoke(tmp_path):
                 "--max-queries", "6", "--out", str(tmp_path))
     s, p = doc["summary"], doc["params"]
     assert doc["suite"] == "routing-lso" and p["part"] == "dev" and p["examples"] is None and s["n"] == 6
+    assert p["lex_weight"] == 0.2  # the index's own (nexus index's default)
     assert 0 <= s["top1"]["value"] <= s["top3"]["value"] <= 1
     rows = doc["samples"]["queries"]
     assert all(r["gold"].split("/", 1)[0] in split["dev"] for r in rows)
     assert (tmp_path / "routing-lso" / "latest.json").is_file()
+
+
+@pytest.mark.skipif(not _native() or not _have_minilm(), reason="needs libnexus and the MiniLM embedder")
+def test_a_bench_index_can_be_built_with_another_bm25_weight(tmp_path, monkeypatch):
+    """`nexus bench routing-lso --lex-weight W` routes over an index built as `nexus index --lex-weight W`, cached
+    apart from the default's."""
+    from nexus_cli.adapters.embedder import Embedder
+    from nexus_cli.config import DEFAULT_LEX_WEIGHT
+    from nexus_cli.lab import bench_routing
+    from nexus_cli.registry import load_registries
+    from nexus_cli.routing.index import load_index
+
+    monkeypatch.setattr(bench_routing, "CACHE", tmp_path)
+    tools = load_registries([ROOT / "tool_registries" / "github_like.json"])[:6]
+    emb = Embedder("minilm")
+    default, lighter = bench_routing._index_for(tools, emb), bench_routing._index_for(tools, emb, lex_weight=0.1)
+    assert default != lighter and bench_routing._index_for(tools, emb, lex_weight=DEFAULT_LEX_WEIGHT) == default
+    assert load_index(default).lex_weight() == DEFAULT_LEX_WEIGHT and load_index(lighter).lex_weight() == 0.1
 
 
 def test_scattered_indices_spread_over_the_block():

@@ -20,6 +20,7 @@ def command(
     model: Optional[str] = options.model("LLM of the reranker (default: the product's, qwen2.5-0.5b for likelihood, qwen2.5-1.5b for llm)."),
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Index the part's tools with example requests the LLM writes for them (as `nexus index --synthesize`)."),
     synthesize_model: Optional[str] = typer.Option(None, "--synthesize-model", help="The LLM that writes them (default qwen2.5-1.5b)."),
+    lex_weight: Optional[float] = typer.Option(None, "--lex-weight", help="Build the part's index with this BM25 weight (default: `nexus index`'s, 0.2)."),
     registry_dir: Optional[str] = options.registry_dir(),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N requests."),
     seed: int = options.seed(),
@@ -34,7 +35,7 @@ def command(
     with stage_progress("routing-lso") as prog:
         doc = stage.run(part=part, queries=queries, reranker=reranker, rerank_k=rerank_k, model=model,
                         synthesize_model=(synthesize_model or SYNTHESIS_MODEL) if synthesize else None,
-                        registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
+                        lex_weight=lex_weight, registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 

@@ -69,6 +69,7 @@ def run(
     rerank_k: int | None = None,
     model: str | None = None,
     synthesize_model: str | None = None,
+    lex_weight: float | None = None,
     registry_dir: str | None = None,
     max_queries: int | None = None,
     seed: int = 0,
@@ -98,14 +99,15 @@ def run(
     writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
     config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False)
-    router = Router(_index_for(tools, emb, synthesize=writer), config, embedder=emb)
+    router = Router(_index_for(tools, emb, synthesize=writer, lex_weight=lex_weight), config, embedder=emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
     params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
                   reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
-                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info)
+                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info,
+                  lex_weight=router.lex_weight)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":
         models["llm"] = model_identity(router.rerank_model)

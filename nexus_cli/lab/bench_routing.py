@@ -40,7 +40,7 @@ import numpy as np
 from .. import kernels
 from ..adapters.embedder import Embedder
 from ..adapters.llama import LlamaContext, load_model
-from ..config import DEFAULT_EMBEDDER, DEFAULT_LLM, REPO_ROOT
+from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_LLM, REPO_ROOT
 from ..errors import NexusError, UsageError
 from ..registry import load_example_requests, load_registries
 from ..routing.build import BUILD_REVISION, build_index, match_examples
@@ -145,18 +145,22 @@ def _embedder_key(embedder) -> str:
                        "weights": stamp})
 
 
-def _index_for(tools, embedder, examples: dict | None = None, synthesize=None) -> Path:
-    """A cached index of `tools`; `synthesize` (a synthesize.RequestWriter) builds it as `nexus index --synthesize`."""
+def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, lex_weight: float | None = None) -> Path:
+    """A cached index of `tools`; `synthesize` (a synthesize.RequestWriter) builds it as `nexus index --synthesize`,
+    lex_weight as `nexus index --lex-weight` (None: its default)."""
     parts = sorted(t.content_hash() for t in tools)
     parts.append(_embedder_key(embedder))  # a cached index is only as good as the model that embedded it
     if examples:  # the examples this registry uses are part of what the index is
         parts.append(json.dumps(match_examples(tools, examples)[0], ensure_ascii=False))
     if synthesize is not None:  # and so are the requests written for it (read back from the writer's cache)
         parts.append(json.dumps(synthesize.write(tools)[0], ensure_ascii=False, sort_keys=True))
+    if lex_weight is not None and lex_weight != DEFAULT_LEX_WEIGHT:  # the default's key stays what it was
+        parts.append(f"lex_weight={float(lex_weight)!r}")
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
-        build_index(tools, path, embedder=embedder, examples=examples, synthesize=synthesize)
+        build_index(tools, path, embedder=embedder, examples=examples, synthesize=synthesize,
+                    lex_weight=DEFAULT_LEX_WEIGHT if lex_weight is None else float(lex_weight))
     return path
 
 

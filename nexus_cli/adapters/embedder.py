@@ -251,8 +251,8 @@ class NumpyBertEncoder:
         # converts nothing and a request reads half the bytes) where that is the faster way: one core's AVX-512
         # beats NumPy's float32 BLAS on both cores there, AVX2 does not (kernels.native_dense_pays)
         f16_model = raw("encoder.layer.0.attention.self.query.weight").dtype == np.float16
-        if native is None:
-            native = kernels.native_dense_pays()
+        if native is None:  # (a float32 model has no native layers to choose: libnexus is not asked)
+            native = f16_model and kernels.native_dense_pays()
         half = native and f16_model
 
         def dense(a: str, names: Sequence[str], act: str | None = None):

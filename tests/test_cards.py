@@ -164,9 +164,10 @@ class _GreedySteps:
 
 # A repaired card is not the full prefill's cells, only close to them (the KL bounds above); a warm prefix reuse is off
 # a cold prefill by the layout floor too. So two greedy answers may part only where the reference itself nearly ties:
-# SmolLM2's runaway digit string in the turn below is one such place (a warm engine's two choices 0.04 logits apart,
-# enough to end the string 90 characters sooner).
-NEAR_TIE_LOGITS = 0.1  # a bare, unrepaired card parts from the reference 0.34 logits behind
+# SmolLM2's runaway digit string in the turn below is one such place. Measured on two CPUs' llama.cpp builds: the
+# repaired card parted 0.109 logits behind on one (AVX-512 without AMX) and not at all on the other, a warm plain
+# engine 0.04 behind; the bare card (nothing decoded again) parted 0.34 and 0.86 behind, a quarter decoded 0.86.
+NEAR_TIE_LOGITS = 0.2
 
 
 def _same_greedy_path(card, reference) -> str | None:

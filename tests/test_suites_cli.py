@@ -161,6 +161,21 @@ def test_routing_lso_smoke(tmp_path):
     assert (tmp_path / "routing-lso" / "latest.json").is_file()
 
 
+@pytest.mark.skipif(not _native() or not REGISTRIES.is_dir() or not _have_minilm(),
+                    reason="needs libnexus, ../shared/registries and the MiniLM embedder")
+def test_routing_lso_reports_each_query_set_and_takes_a_history_weight(tmp_path):
+    """Requests given another conversation's history (benchmarks/history_pairs.py) are reported per set, and
+    `--history-weight` reaches the router."""
+    qfile = ROOT / "benchmarks" / "queries" / "routing_dev_servers_history.jsonl"
+    doc = nexus("bench", "routing-lso", "--part", "dev", "--embedder", "minilm", "--reranker", "none",
+                "--queries", str(qfile), "--max-queries", "4", "--history-weight", "0.2", "--out", str(tmp_path))
+    s, p = doc["summary"], doc["params"]
+    assert p["history_weight"] == 0.2 and s["n"] == 4 and s["n_follow_up"] == 4
+    assert set(s["by_set"]) == {"dev-written+switch", "dev-written+same"}
+    assert sum(row["n"] for row in s["by_set"].values()) == 4
+    assert all(r["set"] in s["by_set"] for r in doc["samples"]["queries"])
+
+
 @pytest.mark.skipif(not _native() or not _have_minilm(), reason="needs libnexus and the MiniLM embedder")
 def test_a_bench_index_can_be_built_with_another_bm25_weight(tmp_path, monkeypatch):
     """`nexus bench routing-lso --lex-weight W` routes over an index built as `nexus index --lex-weight W`, cached

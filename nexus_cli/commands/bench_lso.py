@@ -21,6 +21,7 @@ def command(
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Index the part's tools with example requests the LLM writes for them (as `nexus index --synthesize`)."),
     synthesize_model: Optional[str] = typer.Option(None, "--synthesize-model", help="The LLM that writes them (default qwen2.5-1.5b)."),
     lex_weight: Optional[float] = typer.Option(None, "--lex-weight", help="Build the part's index with this BM25 weight (default: `nexus index`'s, 0.2)."),
+    history_weight: Optional[float] = typer.Option(None, "--history-weight", help="Share of the history-prefixed request in the scores of a request with a history (default: the router's)."),
     registry_dir: Optional[str] = options.registry_dir(),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N requests."),
     seed: int = options.seed(),
@@ -35,7 +36,7 @@ def command(
     with stage_progress("routing-lso") as prog:
         doc = stage.run(part=part, queries=queries, reranker=reranker, rerank_k=rerank_k, model=model,
                         synthesize_model=(synthesize_model or SYNTHESIS_MODEL) if synthesize else None,
-                        lex_weight=lex_weight, registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
+                        lex_weight=lex_weight, history_weight=history_weight, registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 
@@ -48,5 +49,8 @@ def render(doc: dict, console) -> None:
     for key in ("top1", "top3", "top1_interchangeable", "top3_interchangeable", "follow_up_top1", "escalated"):
         iv = s[key]
         console.print(f"  {key:22s} {fmt_ci(iv, 1, 100)} %", highlight=False)
+    for name, row in (s.get("by_set") or {}).items():
+        console.print(f"  set {name}: n {row['n']} · top-1 {fmt_ci(row['top1'], 1, 100)} % · "
+                      f"top-3 {fmt_ci(row['top3'], 1, 100)} %", highlight=False)
     console.print(f"  median {s['ms_median']:.1f} ms a request", highlight=False)
     console.print(f"[dim]{env_line(doc)}[/]", highlight=False)

@@ -70,6 +70,7 @@ def run(
     model: str | None = None,
     synthesize_model: str | None = None,
     lex_weight: float | None = None,
+    history_weight: float | None = None,
     registry_dir: str | None = None,
     max_queries: int | None = None,
     seed: int = 0,
@@ -99,6 +100,10 @@ def run(
     writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
     config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False)
+    if history_weight is not None:
+        if not 0.0 <= history_weight <= 1.0:
+            raise UsageError(f"--history-weight must be within [0, 1], not {history_weight}")
+        config.history_weight = history_weight
     router = Router(_index_for(tools, emb, synthesize=writer, lex_weight=lex_weight), config, embedder=emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
@@ -107,7 +112,7 @@ def run(
                   reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
                   max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info,
-                  lex_weight=router.lex_weight)
+                  lex_weight=router.lex_weight, history_weight=config.history_weight)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":
         models["llm"] = model_identity(router.rerank_model)
@@ -122,7 +127,7 @@ def run(
         rows.append({"id": q.get("id"), "gold": f"{q['server']}/{q['tool']}", "choice": picks[0],
                      "top1": picks[0] in gold, "top3": bool(set(picks[:3]) & gold),
                      "top1_interchangeable": picks[0] in loose, "top3_interchangeable": bool(set(picks[:3]) & loose),
-                     "follow_up": bool(q.get("history")), "escalated": res.gate["escalated"],
+                     "set": q.get("set"), "follow_up": bool(q.get("history")), "escalated": res.gate["escalated"],
                      "reranked": res.reranker is not None, "ms": res.timings_ms["total"]})
         progress.advance(q.get("id") or "")
 
@@ -134,7 +139,12 @@ def run(
                "top1": rate("top1"), "top3": rate("top3"),
                "top1_interchangeable": rate("top1_interchangeable"), "top3_interchangeable": rate("top3_interchangeable"),
                "follow_up_top1": rate("top1", lambda r: r["follow_up"]),
-               "escalated": rate("escalated"), "ms_median": float(np.median([r["ms"] for r in rows]))}
+               "escalated": rate("escalated"), "ms_median": float(np.median([r["ms"] for r in rows])),
+               # per query set (a file's `set` field): requests after another conversation's turns apart from the rest
+               "by_set": {name: {"n": sum(r["set"] == name for r in rows),
+                                 "top1": rate("top1", lambda r, n=name: r["set"] == n),
+                                 "top3": rate("top3", lambda r, n=name: r["set"] == n)}
+                          for name in sorted({r["set"] for r in rows if r["set"]})}}
     if not write:
         return run_.document(summary, {"queries": rows})
     return run_.write(summary, {"queries": rows}, out_dir=out_dir)

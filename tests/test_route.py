@@ -135,14 +135,14 @@ def test_lexical_fusion_changes_scores(forge_dir, embedder):
 def test_history_informs_routing_of_follow_ups(forge_dir, embedder):
     from nexus_cli.routing.router import routing_context
 
-    # "do it once more" alone says nothing about what "it" is (it routes elsewhere); the previous turn names a run
+    # "retry that" alone says nothing about what "that" is (it routes elsewhere); the previous turn names a run
     history = [{"role": "user", "content": "the nightly workflow run 991 in acme/api failed"},
                {"role": "tool", "content": json.dumps([{"number": i, "title": "x" * 80} for i in range(20)])}]
     ctx = routing_context(history)
     assert "workflow run 991" in ctx and len(ctx) <= 300 and "x" * 80 not in ctx  # payload became a surrogate
     on = Router(forge_dir, RouterConfig(reranker="none"), embedder=embedder)
     off = Router(forge_dir, RouterConfig(reranker="none", history_weight=0.0), embedder=embedder)
-    q = "do it once more"
+    q = "retry that"
     with_h, _ = on.retrieve(q, history)
     without, _ = off.retrieve(q, history)
     alone, _ = on.retrieve(q)

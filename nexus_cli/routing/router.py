@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # without arguments that the gate does not escalate never loads them.
 
 RERANKERS = ("auto", "none", "llm", "likelihood")
-HISTORY_WEIGHT = 0.5
+HISTORY_WEIGHT = 0.2  # chosen on requests that do not depend on their history too (docs/routing.md, "History")
 HISTORY_TURNS = 2  # the most recent messages that inform routing
 HISTORY_CHARS = 300
 
@@ -277,8 +277,9 @@ class Router:
         """Fused per-tool scores and timings (ms) of embed and scan (scan includes the BM25 pass and fusion).
 
         With a history, follow-ups ("close it", "post that there") name neither the object nor the service, so the
-        query is also scored with the recent turns prepended, and the two score vectors are averaged
-        (HISTORY_WEIGHT). The query alone keeps half the weight: a new topic must not be pulled back to the old one."""
+        query is also scored with the recent turns prepended, and the two score vectors are averaged with weight
+        HISTORY_WEIGHT on the prefixed one. In a session most requests have a history they do not depend on, so the
+        query alone keeps most of the weight: a new topic must not be pulled back to the old one."""
         scores, embed_s, scan_s, native_s = self._scores(query)
         context = routing_context(history)
         if context and self.config.history_weight > 0:

@@ -601,3 +601,12 @@ def test_the_name_choice_weighs_its_log_probabilities_by_the_models_own_weight(m
     # a retriever lead of 0.12 survives the 0.5B's 2-nat preference for the other tool, not the 1.5B's
     assert np.argmax(small.score("q", ["a", "b"], [0.5, 0.62])) == 1
     assert np.argmax(large.score("q", ["a", "b"], [0.5, 0.62])) == 0
+
+
+def test_a_history_weight_outside_zero_to_one_is_refused():
+    from nexus_cli.errors import UsageError
+
+    for bad in (-0.1, 1.5):
+        with pytest.raises(UsageError, match="history weight"):
+            RouterConfig(history_weight=bad)
+    assert RouterConfig(history_weight=1.0).history_weight == 1.0

@@ -99,11 +99,8 @@ def run(
     # with synthesize_model, the LLM writes requests for the part's tools as `nexus index --synthesize` does (cached)
     writer = RequestWriter(synthesize_model) if synthesize_model else None
     emb = Embedder(embedder)
-    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False)
-    if history_weight is not None:
-        if not 0.0 <= history_weight <= 1.0:
-            raise UsageError(f"--history-weight must be within [0, 1], not {history_weight}")
-        config.history_weight = history_weight
+    config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False,
+                          **({} if history_weight is None else {"history_weight": history_weight}))
     router = Router(_index_for(tools, emb, synthesize=writer, lex_weight=lex_weight), config, embedder=emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..adapters.embedder import query_embedder
 from ..config import ARGUMENTS_LLM, DEFAULT_ARGS_TIME_LIMIT_S, LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
-from ..errors import ModelError, NexusError
+from ..errors import ModelError, NexusError, UsageError
 from ..models import model_key
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
@@ -116,6 +116,10 @@ class RouterConfig:
     # escalates or arguments are asked for)
     warm: bool = True
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not 0.0 <= self.history_weight <= 1.0:
+            raise UsageError(f"the history weight must be within [0, 1], not {self.history_weight}")
 
 
 class Router:

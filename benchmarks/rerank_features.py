@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 
 from nexus_cli.adapters.embedder import Embedder  # noqa: E402
 from nexus_cli.adapters.llama import LlamaContext, LlamaModel  # noqa: E402
-from nexus_cli.arguments.cards import CardStore  # noqa: E402
 from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
 from nexus_cli.lab.bench_lso import EXAMPLES, TEST_QUERIES, dev_requests, part_servers  # noqa: E402
 from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries, with_interchangeable  # noqa: E402
@@ -44,17 +43,12 @@ from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 SUITE = "rerank-features"
 POOL = 10
-# the name choice per model; "s" = its cards spliced from compiled blocks (LLMReranker with a CardStore) instead of
-# the whole prompt decoded
-CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b", "choice15s": "qwen2.5-1.5b"}
-SPLICED = {"choice15s"}
+CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
 
 
-def choice_scorer(model: str, k: int, cards=None) -> LLMReranker:
-    """The product's name-choice reranker on its own context (the prompt's sequence and one copy per candidate; the
-    router's context flash-attends, so the spliced cards' V layout is the router's)."""
-    return LLMReranker(LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k,
-                                    flash_attn=True), cards=cards)
+def choice_scorer(model: str, k: int) -> LLMReranker:
+    """The product's name-choice reranker on its own context (the prompt's sequence and one copy per candidate)."""
+    return LLMReranker(LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k))
 
 
 def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> list[dict]:
@@ -77,8 +71,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     index = router.index
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
-    cards = CardStore.default() if SPLICED & set(choosers) else None  # the product's card cache
-    choosers = {name: choice_scorer(CHOOSERS[name], k, cards if name in SPLICED else None) for name in choosers}
+    choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools)),
@@ -102,9 +95,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
         request = q["query"]
         row["ll05"] = likelihood.log_likelihoods(likelihood.scored_text(request), head)
         for name, chooser in choosers.items():
-            t = time.perf_counter()
             row[name] = chooser.name_logprobs(request, head)
-            row[f"{name}_ms"] = (time.perf_counter() - t) * 1e3
         rows.append(row)
         if n % 10 == 0:
             print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
@@ -133,9 +124,7 @@ def fuse(path: Path) -> None:
           f"{sum(r['gold_rank'] is not None and r['gold_rank'] < k for r in rows) / n * 100:.1f} %")
     show("retriever alone", hits(lambda r: 0))
     show("shipped: likelihood RRF, top 4", shipped)
-    for sig in [s for s in ("ll05", *CHOOSERS) if s in rows[0]]:
-        if f"{sig}_ms" in rows[0]:
-            print(f"  {sig}: median {np.median([r[sig + '_ms'] for r in rows]):.0f} ms a request")
+    for sig in [s for s in ("ll05", "choice05", "choice15") if s in rows[0]]:
         show(f"{sig} alone", hits(lambda r, s=sig: int(np.argmax(r[s]))))
         show(f"{sig} RRF (k = 60) with the retriever", hits(
             lambda r, s=sig: int(np.argmax(rrf_fuse(r["retriever"][:k], r[s], 60)))))

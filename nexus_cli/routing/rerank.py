@@ -46,17 +46,12 @@ class LLMReranker:
     SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
               "as written in the list.")
 
-    def __init__(self, ctx, index=None, weight: float | None = None, cards=None):
+    def __init__(self, ctx, index=None, weight: float | None = None):
         """weight: of the log-probabilities against the retriever's score (score()); None: the one chosen for this
-        model (config.LLM_RERANKER_WEIGHTS). cards: an arguments.cards.CardStore to splice the candidates' cards from
-        (compiled once per model and card), or None to decode the whole prompt every time."""
+        model (config.LLM_RERANKER_WEIGHTS)."""
         self.ctx = ctx
         self.weight = llm_reranker_weight(ctx.model.name) if weight is None else float(weight)
         self._end = None
-        self.cards = cards
-        self._head: tuple[list[int], bytes] | None = None  # the prompt's fixed head and its decoded state
-        self._engine = None
-        self.spliced = 0  # decisions whose cards were spliced
 
     @staticmethod
     def label(entry, entries: Sequence) -> str:
@@ -70,40 +65,14 @@ class LLMReranker:
         params = f"\n  parameters: {', '.join(props)}" if props else ""
         return f"- {self.label(entry, entries)} (server: {entry.server})\n  {desc}{params}"
 
-    HEAD = "Tools:\n"
-    CARD_REPAIR_TOKENS = 16  # of each spliced card after the first, decoded in place (_splice_prompt)
-
-    def _user(self, query: str, entries: Sequence, context: str) -> tuple[list[str], str]:
-        """The user turn as (one text per card, each ending in a newline; the text after the cards): joined after
-        HEAD they spell the whole turn."""
-        earlier = f"Earlier in the conversation: {context}\n" if context else ""
-        cards = [self.card(e, entries) + "\n" for e in entries]
-        return cards, f"\n{earlier}Request: {query}\nWhich tool fulfils the request?"
-
-    def _messages(self, user: str) -> list[dict]:
-        return [{"role": "system", "content": self.SYSTEM}, {"role": "user", "content": user}]
-
     def prompt(self, query: str, entries: Sequence, context: str = "") -> list[int]:
         """context: the conversation's recent turns (router.routing_context), so a follow-up ("close it") can be
         read against what it follows."""
-        cards, tail = self._user(query, entries, context)
-        return self.ctx.model.chat_tokens(self._messages(self.HEAD + "".join(cards) + tail))
-
-    def pieces(self, query: str, entries: Sequence, context: str = "") -> tuple[list[int], list[list[int]], list[int]]:
-        """The prompt as three runs of tokens, each tokenized on its own: the head (system turn, user header, HEAD:
-        the same for every decision), one run per card, and the tail (the request and the assistant's header).
-        Decoded one after another they are the prompt the spliced path reads; a token that `prompt()` merges across
-        a seam is two tokens here."""
-        model = self.ctx.model
-        cards, tail = self._user(query, entries, context)
-        user = self.HEAD + "".join(cards) + tail
-        rendered = model.apply_chat_template(self._messages(user))
-        at = rendered.rfind(user)
-        head = model.tokenize(rendered[:at] + self.HEAD, add_special=True, parse_special=True)
-        runs = [model.tokenize(c, add_special=False, parse_special=False) for c in cards]
-        end = (model.tokenize(tail, add_special=False, parse_special=False)
-               + model.tokenize(rendered[at + len(user):], add_special=False, parse_special=True))
-        return head, runs, end
+        earlier = f"Earlier in the conversation: {context}\n" if context else ""
+        user = ("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
+                + f"\n\n{earlier}Request: {query}\nWhich tool fulfils the request?")
+        return self.ctx.model.chat_tokens([{"role": "system", "content": self.SYSTEM},
+                                           {"role": "user", "content": user}])
 
     def _end_tokens(self) -> list[int]:
         """The tokens that end the assistant's turn (Qwen's <|im_end|>; a newline where the template has none)."""
@@ -118,18 +87,14 @@ class LLMReranker:
         from ..adapters.llama import log_softmax  # here: routing that never reranks never loads the LLM adapter
 
         ctx = self.ctx
+        prompt = self.prompt(query, entries, context)
         answers = [ctx.tokenize(self.label(e, entries), add_special=False, parse_special=False) + self._end_tokens()
                    for e in entries]
         width = max(1, ctx.n_seq_max - self.SEQ - 1)
         out: list[float] = []
         ctx.seq_rm(self.SEQ)
         try:
-            if self.cards is not None and ctx.n_seq_max > self.SEQ + 1:
-                n_prompt = self._splice_prompt(query, entries, context)
-            else:
-                prompt = self.prompt(query, entries, context)
-                ctx.decode(prompt, 0, seq_id=self.SEQ)
-                n_prompt = len(prompt)
+            ctx.decode(prompt, 0, seq_id=self.SEQ)
             first = log_softmax(ctx.logits())
             for g0 in range(0, len(answers), width):
                 group = answers[g0:g0 + width]
@@ -138,7 +103,7 @@ class LLMReranker:
                     seq = self.SEQ + 1 + n
                     ctx.seq_rm(seq)
                     ctx.seq_cp(self.SEQ, seq)
-                    items.append((toks, n_prompt, seq))
+                    items.append((toks, len(prompt), seq))
                 try:
                     rest = ctx.continuation_logprobs(items)
                 finally:
@@ -148,42 +113,6 @@ class LLMReranker:
         finally:
             ctx.seq_rm(self.SEQ)
         return out
-
-    def _splice_prompt(self, query: str, entries: Sequence, context: str) -> int:
-        """Make sequence SEQ hold the prompt of pieces() with the cards spliced from compiled blocks, and leave the
-        logits of its last token; returns the prompt's length.
-
-        Each card is compiled once after the head (cards.CardStore, on sequence SEQ + 1, free until the answers are
-        scored). The first card lands where it was compiled, after the same head, so its cells are exact. A later
-        card lands after other cards it never attended to: its first CARD_REPAIR_TOKENS tokens (its name and server)
-        are decoded there instead, and only the rest is spliced, keys re-rotated (splice/engine.py). Spliced bare,
-        the 1.5B model's choice changed on 18 of 25 dev requests; with the first 16 tokens decoded, on 1
-        (docs/routing.md, "Rerankers")."""
-        from ..arguments.cards import CardSpan
-        from ..splice.engine import SpliceEngine
-
-        ctx, seq, scratch = self.ctx, self.SEQ, self.SEQ + 1
-        head, runs, tail = self.pieces(query, entries, context)
-        if self._head is None or self._head[0] != head:
-            ctx.decode(head, 0, seq, logits_last=False)
-            self._head = (head, ctx.state_seq_get(seq))
-        else:
-            ctx.state_seq_set(self._head[1], seq)
-        if self._engine is None:
-            self._engine = SpliceEngine(ctx, live_seq=seq, scratch_seq=scratch)
-        anchor = tuple(head)
-        n = len(head)
-        for i, run in enumerate(runs):
-            k = 0 if i == 0 else min(self.CARD_REPAIR_TOKENS, len(run))
-            if k:
-                ctx.decode(run[:k], n, seq, logits_last=False)
-            if k < len(run):
-                block, _ = self.cards.block_for(ctx, CardSpan(n, tuple(run), anchor), scratch)
-                self._engine.place(block, n, 0.0, head=k)
-            n += len(run)
-        ctx.decode(tail, n, seq)
-        self.spliced += 1
-        return n + len(tail)
 
     def choose(self, query: str, entries: Sequence, context: str = "") -> int:
         """The candidate the LLM most probably names."""

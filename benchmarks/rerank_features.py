@@ -133,6 +133,16 @@ def fuse(path: Path) -> None:
                 x = np.asarray(r[s], dtype=np.float64)
                 return int(np.argmax(np.asarray(r["retriever"][:k]) + w * (x - x.max())))
             show(f"retriever + {w} x {sig}", hits(linear))
+    if "choice15" in rows[0]:  # a cascade: the 1.5B only where the 0.5B likelihood's own choice is not the retriever's
+        asks = {id(r): int(np.argmax(r["ll05"][:4])) != 0 for r in rows}
+
+        def cascade(r):
+            x = np.asarray(r["choice15"], dtype=np.float64)
+            if asks[id(r)]:
+                return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (x - x.max())))
+            return int(np.argmax(rrf_fuse(r["retriever"][:4], r["ll05"][:4], 60)))
+
+        show(f"cascade: 1.5B (+ 0.1 x) on {sum(asks.values())} of {n}, else shipped", hits(cascade))
 
 
 def sign_test(fixed: int, broken: int) -> float:

@@ -610,3 +610,52 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
         with pytest.raises(UsageError, match="history weight"):
             RouterConfig(history_weight=bad)
     assert RouterConfig(history_weight=1.0).history_weight == 1.0
+
+
+def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
+    """CascadeReranker: the likelihood reads the first four candidates; where the request is most likely after the
+    retriever's first, its reciprocal-rank fusion stands (the fifth candidate after the four, the name choice never
+    asked); where it is most likely after another, the name choice's scores over all five are the answer."""
+    from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
+
+    class Likelihood:
+        RRF_K = LikelihoodReranker.RRF_K
+
+        def __init__(self, ll):
+            self.ll, self.read = ll, []
+
+        def scored_text(self, query):
+            return query.upper()
+
+        def log_likelihoods(self, text, entries):
+            self.read.append((text, list(entries)))
+            return self.ll[: len(entries)]
+
+    class Chooser:
+        def __init__(self):
+            self.calls = 0
+
+        def score(self, query, entries, base, context=""):
+            self.calls += 1
+            return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
+
+    entries, base = ["a", "b", "c", "d", "e"], [0.9, 0.8, 0.7, 0.6, 0.5]
+    agree, chooser = Likelihood([-1.0, -2.0, -1.5, -3.0]), Chooser()
+    cascade = CascadeReranker(agree, chooser)
+    got = cascade.score("close it", entries, base)
+    assert agree.read == [("CLOSE IT", ["a", "b", "c", "d"])] and chooser.calls == 0 and cascade.asked == 0
+    assert got[:4] == rrf_fuse(base[:4], [-1.0, -2.0, -1.5, -3.0], LikelihoodReranker.RRF_K)
+    assert int(np.argmax(got)) == 0 and got[4] < min(got[:4])
+    disagree = CascadeReranker(Likelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
+    got = disagree.score("close it", entries, base, context="earlier")
+    assert chooser.calls == 1 and disagree.asked == 1 and int(np.argmax(got)) == 2
+
+
+def test_the_cascade_is_a_reranker_the_router_and_the_cli_accept(forge_dir, embedder):
+    from nexus_cli.config import LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
+
+    router = Router(forge_dir, RouterConfig(reranker="cascade", warm=False), embedder=embedder)
+    assert router.reranker_name == "cascade" and router.rerank_k == 5
+    assert router.rerank_model == LLM_RERANKER_MODEL != LIKELIHOOD_RERANKER_LLM
+    p = run_cli("route", "x", "--index", str(forge_dir), "--no-args", "--reranker", "bogus")
+    assert p.returncode != 0 and "cascade" in p.stderr

@@ -34,11 +34,11 @@ def registry() -> Any:
 
 
 def reranker() -> Any:
-    return typer.Option("auto", "--reranker", help="auto (none for an embedder fine-tuned on example requests, else likelihood), likelihood, llm or none.")
+    return typer.Option("auto", "--reranker", help="auto (none for an embedder fine-tuned on example requests, else likelihood), likelihood, llm, cascade (likelihood, and llm where it disagrees with the retriever) or none.")
 
 
 def rerank_model() -> Any:
-    return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm; for likelihood qwen2.5-0.5b with the default --model, else --model).")
+    return typer.Option(None, "--rerank-model", help="LLM of the reranker (default: qwen2.5-1.5b for llm and the name choice of cascade; for likelihood qwen2.5-0.5b with the default --model, else --model).")
 
 
 def cards() -> Any:

@@ -81,7 +81,7 @@ def route_command(
     batch: Optional[str] = typer.Option(None, "--batch", help="JSONL file of {id, query, history?}; one JSON line out per input."),
     top_k: int = typer.Option(5, "--top-k", help="Candidates to report."),
     reranker: str = options.reranker(),
-    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 5 for llm)."),
+    rerank_k: Optional[int] = typer.Option(None, "--rerank-k", help="Candidates the reranker sees (default: 4 for likelihood, 5 for llm and cascade)."),
     rerank_model: Optional[str] = options.rerank_model(),
     as_json: bool = options.as_json(),
     session: Optional[str] = typer.Option(None, "--session", help="Session folder: continue (or start) a multi-turn conversation kept there with its KV state."),

@@ -4,6 +4,8 @@
   candidate's description (query likelihood, nothing trained), fused with the retriever's order by reciprocal ranks.
 * `LLMReranker` (`--reranker llm`): the LLM reads the request and the candidates as short cards, and each candidate
   is scored by the probability that the LLM answers with its name.
+* `CascadeReranker` (`--reranker cascade`): the likelihood reranker, and the name choice only where the likelihood's
+  own first candidate is not the retriever's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..prefix_store import PrefixStore
 # decoded once per candidate): over the top 5 it reached the same top-1 as over the top 10 at half the cost, and
 # scoring the value-masked request over the top 4 the same again at 0.55x the cost of the top 5; the gold tool is
 # among the retriever's first 5 for 88 % of the leave-servers-out dev requests, the llm reranker's reach (docs/routing.md).
-RERANK_K = {"likelihood": 4, "llm": 5}
+RERANK_K = {"likelihood": 4, "llm": 5, "cascade": 5}
 
 
 def llm_reranker_weight(model_name: str) -> float:
@@ -264,6 +266,34 @@ class LikelihoodReranker:
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
         """context is not read: the request alone is scored (the retriever already weighs the history in)."""
         return rrf_fuse(base_scores, self.log_likelihoods(self.scored_text(query), entries), self.RRF_K)
+
+
+class CascadeReranker:
+    """The likelihood reranker first; the name choice (a larger model, slower) only where the two signals disagree.
+
+    The likelihood reranker scores the first LikelihoodReranker's RERANK_K candidates. Where the request is most
+    likely after the retriever's first candidate, the likelihood reranker's order stands (its reciprocal-rank fusion
+    with the retriever; the candidates after its RERANK_K follow, in the retriever's order). Where it is most likely
+    after another, the name choice decides over every candidate (the retriever's score plus its weight x the
+    log-probability of each name), as `--reranker llm` would. Measured in docs/routing.md, "Rerankers"."""
+
+    name = "cascade"
+
+    def __init__(self, likelihood: "LikelihoodReranker", chooser: LLMReranker):
+        self.likelihood = likelihood
+        self.chooser = chooser
+        self.asked = 0  # decisions the name choice made
+
+    def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
+        k = min(len(entries), RERANK_K["likelihood"])
+        ll = self.likelihood.log_likelihoods(self.likelihood.scored_text(query), entries[:k])
+        if int(np.argmax(ll)) != 0:
+            self.asked += 1
+            return self.chooser.score(query, entries, base_scores, context)
+        fused = rrf_fuse(base_scores[:k], ll, self.likelihood.RRF_K)
+        low = min(fused)
+        # the candidates the likelihood did not read rank after those it did, in the retriever's order
+        return fused + [low - 1.0 - j for j in range(len(entries) - k)]
 
 
 def rrf_fuse(first: Sequence[float], second: Sequence[float], k: int) -> list[float]:

@@ -22,7 +22,7 @@ from ..models import model_key
 from ..prefix_store import PrefixStore
 from ..registry import load_registries
 from .index import Index, load_index
-from .rerank import RERANK_K, LikelihoodReranker, LLMReranker
+from .rerank import RERANK_K, CascadeReranker, LikelihoodReranker, LLMReranker
 from .scoring import rank, request_scores, request_texts
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # The LLM adapter, the schema compiler and the arguments stage are imported where they are first used: a route
 # without arguments that the gate does not escalate never loads them.
 
-RERANKERS = ("auto", "none", "llm", "likelihood")
+RERANKERS = ("auto", "none", "llm", "likelihood", "cascade")
 HISTORY_WEIGHT = 0.2  # chosen on requests that do not depend on their history too (docs/routing.md, "History")
 HISTORY_TURNS = 2  # the most recent messages that inform routing
 HISTORY_CHARS = 300
@@ -150,6 +150,7 @@ class Router:
             raise NexusError(f"rerank_k must be at least 2, got {self.rerank_k}")
         self._llm = llm
         self._rerank_llm = None  # the rerankers' own context when config.rerank_model differs from config.model
+        self._cascade_small = None  # the cascade's likelihood model, when it is not config.model
         self._llm_loading: threading.Thread | None = None  # prefetch_llm's load, joined by llm()
         self._llm_error: BaseException | None = None
         self._arg_prefixes = None  # arguments.ArgumentPrefixes, made on the first argument call
@@ -192,13 +193,23 @@ class Router:
 
     def reranker(self):
         if self._reranker is None and self._reranker_name != "none":
-            if self._reranker_name == "likelihood":
-                store = PrefixStore.default() if self.config.prefix_store else None
-                self._reranker = LikelihoodReranker(self.rerank_llm(), mask_values=self.config.rerank_masking,
-                                                    store=store)
-            else:
+            if self._reranker_name == "llm":
                 self._reranker = LLMReranker(self.rerank_llm())
+            else:
+                store = PrefixStore.default() if self.config.prefix_store else None
+                likelihood_llm = self.rerank_llm() if self._reranker_name == "likelihood" else self._cascade_llm()
+                likelihood = LikelihoodReranker(likelihood_llm, mask_values=self.config.rerank_masking, store=store)
+                self._reranker = likelihood if self._reranker_name == "likelihood" else \
+                    CascadeReranker(likelihood, LLMReranker(self.rerank_llm()))
         return self._reranker
+
+    def _cascade_llm(self):
+        """The cascade's likelihood model: LIKELIHOOD_RERANKER_LLM, the arguments' context when it is that model."""
+        if model_key(LIKELIHOOD_RERANKER_LLM) == model_key(self.config.model):
+            return self.llm()
+        if self._cascade_small is None:
+            self._cascade_small = self._context(LIKELIHOOD_RERANKER_LLM)
+        return self._cascade_small
 
     def _context(self, name: str):
         # sequence 0: arguments; 1: the llm reranker's prompt, 2..: its copies, or the likelihood reranker's
@@ -243,7 +254,7 @@ class Router:
             return None
         if self.config.rerank_model is not None:
             return self.config.rerank_model
-        if self._reranker_name == "llm":
+        if self._reranker_name in ("llm", "cascade"):  # the cascade's name choice (its likelihood: _cascade_llm)
             return LLM_RERANKER_MODEL
         # each stage on the model measured best for it by default; any other --model runs both
         return LIKELIHOOD_RERANKER_LLM if model_key(self.config.model) == ARGUMENTS_LLM else self.config.model

@@ -657,5 +657,10 @@ def test_the_cascade_is_a_reranker_the_router_and_the_cli_accept(forge_dir, embe
     router = Router(forge_dir, RouterConfig(reranker="cascade", warm=False), embedder=embedder)
     assert router.reranker_name == "cascade" and router.rerank_k == 5
     assert router.rerank_model == LLM_RERANKER_MODEL != LIKELIHOOD_RERANKER_LLM
+    # auto, over an index without example requests: the cascade with the default model (its name choice runs on the
+    # arguments' model), the likelihood reranker with another model or another reranker model
+    assert Router(forge_dir, RouterConfig(warm=False), embedder=embedder).reranker_name == "cascade"
+    for other in (dict(model="qwen2.5-0.5b"), dict(rerank_model="qwen2.5-0.5b")):
+        assert Router(forge_dir, RouterConfig(warm=False, **other), embedder=embedder).reranker_name == "likelihood"
     p = run_cli("route", "x", "--index", str(forge_dir), "--no-args", "--reranker", "bogus")
     assert p.returncode != 0 and "cascade" in p.stderr

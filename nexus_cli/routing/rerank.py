@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -279,10 +279,18 @@ class CascadeReranker:
 
     name = "cascade"
 
-    def __init__(self, likelihood: "LikelihoodReranker", chooser: LLMReranker):
+    def __init__(self, likelihood: "LikelihoodReranker", chooser: "LLMReranker | Callable[[], LLMReranker]"):
+        """chooser: the name choice, or a function that makes it on first use (so a decision that never asks it
+        does not wait for its model, which a one-shot route may still be loading)."""
         self.likelihood = likelihood
-        self.chooser = chooser
+        self._chooser = chooser
         self.asked = 0  # decisions the name choice made
+
+    @property
+    def chooser(self) -> LLMReranker:
+        if not isinstance(self._chooser, LLMReranker) and callable(self._chooser):
+            self._chooser = self._chooser()
+        return self._chooser
 
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
         k = min(len(entries), RERANK_K["likelihood"])

@@ -206,7 +206,7 @@ class Router:
                 likelihood_llm = self.rerank_llm() if self._reranker_name == "likelihood" else self._cascade_llm()
                 likelihood = LikelihoodReranker(likelihood_llm, mask_values=self.config.rerank_masking, store=store)
                 self._reranker = likelihood if self._reranker_name == "likelihood" else \
-                    CascadeReranker(likelihood, LLMReranker(self.rerank_llm()))
+                    CascadeReranker(likelihood, lambda: LLMReranker(self.rerank_llm()))
         return self._reranker
 
     def _cascade_llm(self):

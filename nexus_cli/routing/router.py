@@ -195,7 +195,9 @@ class Router:
         if self.value_masking:
             self.embedder.encode_few(["warm up acme/api", "warm up repository"])
         if self._reranker_name != "none":
-            self.reranker()
+            reranker = self.reranker()
+            if isinstance(reranker, CascadeReranker):
+                reranker.chooser  # its model too: a warm router (serve, batches) loads everything up front
 
     def reranker(self):
         if self._reranker is None and self._reranker_name != "none":

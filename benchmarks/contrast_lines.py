@@ -37,15 +37,12 @@ from nexus_cli.adapters.llama import LlamaContext, load_model  # noqa: E402
 from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
 from nexus_cli.files import atomic_write_json  # noqa: E402
 from nexus_cli.lab import stats  # noqa: E402
-from nexus_cli.lab.bench_lso import dev_requests, part_servers  # noqa: E402
-from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries  # noqa: E402
-from nexus_cli.lab.common import registry_dir_default  # noqa: E402
+from nexus_cli.lab.bench_lso import DEV_WRITTEN, dev_sets  # noqa: E402
+from nexus_cli.lab.bench_routing import _index_for, gold_keys  # noqa: E402
 from nexus_cli.lab.results import Run, model_identity  # noqa: E402
-from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 SUITE = "contrast-lines"
-WRITTEN = ROOT / "benchmarks" / "queries" / "routing_dev_servers.jsonl"
 MODEL = "qwen2.5-1.5b"
 BATCH = 8
 MAX_NEW_TOKENS = 60
@@ -132,11 +129,7 @@ def main() -> int:
     ap.add_argument("--out", default="results")
     args = ap.parse_args()
 
-    servers = part_servers("dev")
-    tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
-    keys = {t.key for t in tools}
-    sets = {"examples": dev_requests(servers), "written": load_queries(WRITTEN)}
-    sets = {name: [q for q in qs if gold_keys(q) & keys] for name, qs in sets.items()}
+    tools, sets = dev_sets()
     emb = Embedder(DEFAULT_EMBEDDER)
     vecs = np.asarray(emb.encode([card(t) for t in tools]), dtype=np.float32)
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
@@ -147,7 +140,7 @@ def main() -> int:
     cand = Router(_index_for(tools, emb, examples={k: [v] for k, v in lines.items()}), config, embedder=emb)
     run = Run(SUITE, {"part": "dev", "tools": len(tools), "with_lines": len(lines), "siblings": args.siblings,
                       "model": MODEL, "revision": REVISION, "sets": {k: len(v) for k, v in sets.items()},
-                      "written": str(WRITTEN.relative_to(ROOT)), "write_s": round(write_s, 1)},
+                      "written": str(DEV_WRITTEN.relative_to(ROOT)), "write_s": round(write_s, 1)},
               models={"embedder": model_identity(DEFAULT_EMBEDDER, kind="embedder"), "llm": model_identity(MODEL)})
     summary, samples = {}, {"lines": lines}
     for name, qs in sets.items():

@@ -23,15 +23,12 @@ sys.path.insert(0, str(ROOT))
 from nexus_cli.adapters.embedder import Embedder  # noqa: E402
 from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
 from nexus_cli.lab import stats  # noqa: E402
-from nexus_cli.lab.bench_lso import dev_requests, part_servers  # noqa: E402
-from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries  # noqa: E402
-from nexus_cli.lab.common import registry_dir_default  # noqa: E402
+from nexus_cli.lab.bench_lso import DEV_WRITTEN, dev_sets  # noqa: E402
+from nexus_cli.lab.bench_routing import _index_for, gold_keys  # noqa: E402
 from nexus_cli.lab.results import Run, model_identity  # noqa: E402
-from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 
 SUITE = "routing-lso-retriever"
-WRITTEN = ROOT / "benchmarks" / "queries" / "routing_dev_servers.jsonl"
 
 
 def main() -> int:
@@ -41,16 +38,12 @@ def main() -> int:
     args = ap.parse_args()
     weights = [float(w) for w in args.lex_weights.split(",")]
 
-    servers = part_servers("dev")
-    tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
-    keys = {t.key for t in tools}
-    sets = {"examples": dev_requests(servers), "written": load_queries(WRITTEN)}
-    sets = {name: [q for q in qs if gold_keys(q) & keys] for name, qs in sets.items()}
+    tools, sets = dev_sets()
     emb = Embedder(DEFAULT_EMBEDDER)
     router = Router(_index_for(tools, emb), RouterConfig(reranker="none", prefix_store=False), embedder=emb)
     names = [f"{t.server}/{t.name}" for t in router.index.tools]
     run = Run(SUITE, {"part": "dev", "tools": len(tools), "lex_weights": weights, "index_lex_weight": router.lex_weight,
-                      "sets": {k: len(v) for k, v in sets.items()}, "written": str(WRITTEN.relative_to(ROOT))},
+                      "sets": {k: len(v) for k, v in sets.items()}, "written": str(DEV_WRITTEN.relative_to(ROOT))},
               models={"embedder": model_identity(DEFAULT_EMBEDDER, kind="embedder")})
     summary: dict = {}
     samples: dict = {}

@@ -61,6 +61,20 @@ def dev_requests(servers: set[str], per_tool: int = 3) -> list[dict]:
     return out
 
 
+DEV_WRITTEN = REPO_ROOT / "benchmarks" / "queries" / "routing_dev_servers.jsonl"
+
+
+def dev_sets(registry_dir: str | None = None) -> tuple[list, dict[str, list[dict]]]:
+    """The dev part's tools and its two request sets, each kept to requests whose gold tool is among them: the dev
+    servers' example requests ("examples") and the requests written apart for them ("written")."""
+    servers = part_servers("dev")
+    reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
+    tools = [t for t in load_registries([reg_dir]) if t.server in servers]
+    keys = {t.key for t in tools}
+    sets = {"examples": dev_requests(servers), "written": load_queries(DEV_WRITTEN)}
+    return tools, {name: [q for q in qs if gold_keys(q) & keys] for name, qs in sets.items()}
+
+
 def run(
     part: str = "dev",
     embedder: str = DEFAULT_EMBEDDER,

@@ -61,9 +61,18 @@ def test_numpy_encoder_matches_sentence_transformers(encoder, reference):
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
     # float32 both ways: the differences are rounding (a wrong GELU, mask or truncation moves them past 1e-3)
     assert float(np.abs(got - want).max()) < 2e-5
-    # one text alone and inside a padded batch give the same vector: padding is masked out
+    # one text alone and inside a batch give the same vector: texts are packed without padding, each attends only
+    # to its own tokens
     for i in (0, 4, 7):
         assert float(np.abs(encoder.encode_one(TEXTS[i]) - got[i]).max()) < 1e-5
+    # texts of one length share one attention batch; each still attends only within itself
+    same = ["open the door now", "close the gate soon", "open the door now please"]
+    lengths = [len(e.ids) for e in encoder.tokenizer.encode_batch(same)]
+    assert lengths[0] == lengths[1] != lengths[2]
+    together = encoder.encode(same)
+    assert float(np.abs(together - reference.encode(same, role="query")).max()) < 2e-5
+    for i, t in enumerate(same):
+        assert float(np.abs(encoder.encode_one(t) - together[i]).max()) < 1e-5
     few = encoder.encode_few(TEXTS[:2])
     assert few.shape == (2, 384) and float(np.abs(few - got[:2]).max()) < 1e-5
     assert encoder.encode([]).shape == (0, 384)

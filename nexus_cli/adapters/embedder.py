@@ -208,8 +208,8 @@ class NumpyBertEncoder:
 
     It reads what sentence-transformers reads: config.json, model.safetensors (mapped, read_safetensors), the fast
     tokenizer's tokenizer.json (through `tokenizers`), the maximum sequence length, and runs BertModel's forward pass
-    (embeddings + LayerNorm, then per layer: self-attention with padded keys masked, output projection + residual +
-    LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the masked mean over tokens and L2
+    (embeddings + LayerNorm, then per layer: self-attention within each text, output projection + residual +
+    LayerNorm, exact-erf GELU feed-forward + residual + LayerNorm), then the mean over each text's tokens and L2
     normalisation. Same interface as `Embedder` for queries: encode_one, encode_few, encode."""
 
     def __init__(self, path: str | Path, native: bool | None = None):
@@ -296,23 +296,37 @@ class NumpyBertEncoder:
         var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
         return (x - mu) / np.sqrt(var + self.eps) * gamma + beta
 
-    def _forward(self, ids, types, mask):
-        """ids, types, mask: int [n, L] → token states float32 [n, L, dim]."""
-        n, length = ids.shape
-        x = self.word[ids].astype(np.float32) + self.position[:length][None] + self.token_type[types]
+    def _forward(self, ids, types, lengths):
+        """The texts of a batch packed one after another, with no padding (ids, types: int [T], text i's tokens the
+        next lengths[i] of them) → token states float32 [T, dim]. The dense layers and norms run on all T rows at
+        once; attention runs within each text, texts of one length together: no row is computed for padding."""
+        starts = np.concatenate(([0], np.cumsum(lengths)))
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        x = self.word[ids].astype(np.float32) + self.position[positions] + self.token_type[types]
         x = self._layer_norm(x, *self.emb_norm)
         hd = self.dim // self.heads
-        # padded keys get float32's lowest value, as transformers' BERT adds to their attention scores
-        key_bias = np.where(mask[:, None, None, :] > 0, 0.0, np.finfo(np.float32).min).astype(np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            groups.setdefault(int(n), []).append(i)
+        # each length's texts: (the first row of each [b], their rows [b, n] for gathering and scattering)
+        rows = {n: starts[np.asarray(g)][:, None] + np.arange(n)[None] for n, g in groups.items()}
         for layer in self.layers:
-            qkv = layer["qkv"](x)  # [n, L, 3*dim]
-            qkv = qkv.reshape(n, length, 3, self.heads, hd).transpose(2, 0, 3, 1, 4)  # [3, n, heads, L, hd]
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + key_bias
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            probs = scores / scores.sum(axis=-1, keepdims=True)
-            ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dim)
+            qkv = layer["qkv"](x)  # [T, 3*dim]
+            ctx = np.empty_like(x)
+            for n, r in rows.items():
+                b = len(r)
+                part = qkv[r[0, 0]:r[0, 0] + n][None] if b == 1 else qkv[r]  # [b, n, 3*dim]
+                part = part.reshape(b, n, 3, self.heads, hd).transpose(2, 0, 3, 1, 4)  # [3, b, heads, n, hd]
+                q, k, v = part[0], part[1], part[2]
+                scores = (q @ k.transpose(0, 1, 3, 2)) * scale
+                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                probs = scores / scores.sum(axis=-1, keepdims=True)
+                out = (probs @ v).transpose(0, 2, 1, 3).reshape(b, n, self.dim)
+                if b == 1:
+                    ctx[r[0, 0]:r[0, 0] + n] = out[0]
+                else:
+                    ctx[r] = out
             x = self._layer_norm(layer["out"](ctx), *layer["norm1"], residual=x)
             x = self._layer_norm(layer["down"](layer["up"](x)), *layer["norm2"], residual=x)
         return x
@@ -324,17 +338,14 @@ class NumpyBertEncoder:
         for i in range(0, len(texts), batch_size):
             chunk = texts[i : i + batch_size]
             encs = self.tokenizer.encode_batch(chunk)
-            length = max(len(e.ids) for e in encs)
-            ids = np.zeros((len(encs), length), dtype=np.int64)
-            types = np.zeros_like(ids)
-            mask = np.zeros_like(ids)
-            for j, e in enumerate(encs):
-                ids[j, : len(e.ids)] = e.ids
-                types[j, : len(e.ids)] = e.type_ids
-                mask[j, : len(e.ids)] = e.attention_mask
-            states = self._forward(ids, types, mask)
-            m = mask[:, :, None].astype(np.float32)
-            pooled = (states * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+            lengths = [len(e.ids) for e in encs]
+            total = sum(lengths)
+            ids = np.fromiter((t for e in encs for t in e.ids), dtype=np.int64, count=total)
+            types = np.fromiter((t for e in encs for t in e.type_ids), dtype=np.int64, count=total)
+            states = self._forward(ids, types, lengths)
+            # each text's mean over its own tokens (np.add.reduceat sums each text's run of rows)
+            pooled = np.add.reduceat(states, np.cumsum([0] + lengths[:-1]), axis=0)
+            pooled /= np.asarray(lengths, dtype=np.float32)[:, None]
             out.append(_unit_rows(pooled))
             if callback is not None:
                 callback(len(chunk))

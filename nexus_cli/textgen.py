@@ -14,7 +14,9 @@ from typing import Any, Iterable, Sequence
 # ------------------------------------------------------------------------------------------------ name handling
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_NON_WORD = re.compile(r"[^0-9A-Za-z\u00C0-\uFFFF]+")
+# [^0-9A-Za-z\u00C0-\uFFFF]+ spelled as the ranges it matches: the same matches, and it compiles in a tenth of
+# the time (re builds a bitmap of a negated BMP-wide class; a one-shot route pays that at import)
+_NON_WORD = re.compile(r"[\x00-\x2F\x3A-\x40\x5B-\x60\x7B-\xBF\U00010000-\U0010FFFF]+")
 
 
 def name_words(name: str) -> list[str]:
@@ -264,8 +266,15 @@ LEX_TOKENIZER = 2
 # Han, kana and Hangul: written without spaces between words (Korean has spaces, but its words inflect), so a run is
 # indexed as its overlapping character pairs, the standard for CJK search (a lone character stays itself).
 _CJK = "\u1100-\u11FF\u3040-\u30FF\u3130-\u318F\u3400-\u4DBF\u4E00-\u9FFF\uAC00-\uD7AF\uF900-\uFAFF"
-_CJK_RUN = re.compile(f"[{_CJK}]+|[^{_CJK}]+")  # a word as alternating CJK and other runs
-_CJK_CHAR = re.compile(f"[{_CJK}]")
+
+
+@functools.cache
+def _cjk_patterns() -> tuple[re.Pattern, re.Pattern]:
+    """(a word as alternating CJK and other runs, one CJK character), compiled on first use: ~6 ms that a process
+    meeting only ASCII text never pays."""
+    return re.compile(f"[{_CJK}]+|[^{_CJK}]+"), re.compile(f"[{_CJK}]")
+
+
 # Punctuation inside name_words' word range (U+00C0-U+FFFF): general punctuation (dashes, curly quotes, ellipsis),
 # CJK punctuation (、。「」), full-width forms (，：？！（）).
 _WIDE_PUNCT = re.compile(r"[\u2000-\u206F\u3000-\u303F\uFF00-\uFF0F\uFF1A-\uFF20\uFF3B-\uFF40\uFF5B-\uFF65]+")
@@ -287,9 +296,10 @@ def lex_tokens(text: str, version: int = LEX_TOKENIZER) -> list[str]:
         for w in name_words(text):
             _latin_tokens(w, out)
         return out
+    cjk_run, cjk_char = _cjk_patterns()
     for w in name_words(_WIDE_PUNCT.sub(" ", text)):
-        for run in _CJK_RUN.findall(w):
-            if _CJK_CHAR.match(run):
+        for run in cjk_run.findall(w):
+            if cjk_char.match(run):
                 out.extend([run] if len(run) == 1 else [run[i:i + 2] for i in range(len(run) - 1)])
             else:
                 _latin_tokens(run, out)

@@ -61,6 +61,14 @@ def test_name_words_and_readable_names():
     assert textgen.readable_name("get_pr_diff") == "get pull request diff"
 
 
+def test_word_characters_are_ascii_letters_digits_and_u00c0_to_uffff():
+    """name_words splits at every other character; the separator class is spelled as explicit ranges (it compiles
+    faster than its negated form), so every code point is checked against the rule it stands for."""
+    for cp in range(0x110000):
+        is_word = chr(cp).isascii() and chr(cp).isalnum() or 0xC0 <= cp <= 0xFFFF
+        assert bool(textgen._NON_WORD.fullmatch(chr(cp))) != is_word, hex(cp)
+
+
 def test_probe_queries_are_deterministic_and_from_the_tool(forge_tools):
     import random
 

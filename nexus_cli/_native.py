@@ -149,6 +149,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
     #                          int32_t activation, float *y);
     sig("nexus_linear_f16", i32, vp, i64, i32, vp, i32, vp, i32, vp)
+    # int32_t nexus_pack_f16_rows(const uint16_t *rows, int64_t n_rows, int32_t k, int64_t col0, int64_t n_cols,
+    #                             uint16_t *panels)
+    sig("nexus_pack_f16_rows", i32, vp, i64, i32, i64, i64, vp)
     # int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,
     #                          const float *beta, float eps, float *y);
     sig("nexus_layer_norm", i32, vp, vp, i64, i32, vp, vp, fl, vp)

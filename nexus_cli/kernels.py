@@ -432,22 +432,19 @@ def pack_f16_panels(w: np.ndarray) -> np.ndarray:
 
 def pack_f16_panels_rows(weights: Sequence[np.ndarray]) -> np.ndarray:
     """pack_f16_panels of the layers `weights` side by side, each given as PyTorch's Linear weight [n_i, k] (output
-    rows): the panels are written straight from those rows in one pass, with no transposed or concatenated copy.
-    Equal to pack_f16_panels(np.concatenate(weights).T)."""
+    rows): libnexus writes the panels straight from those rows (nexus_pack_f16_rows, a blocked transpose), with no
+    transposed or concatenated copy. Equal to pack_f16_panels(np.concatenate(weights).T), its NumPy reference."""
     weights = [np.asarray(w) for w in weights]
     if not weights or any(w.ndim != 2 or w.shape[1] != weights[0].shape[1] for w in weights):
         raise UsageError("weights must be 2-D arrays [n_i, k] with one k")
     k, n = weights[0].shape[1], sum(w.shape[0] for w in weights)
-    if any(w.shape[0] % LINEAR_PANEL for w in weights[:-1]):  # a panel may not straddle two layers
-        return pack_f16_panels(np.concatenate(weights).T)
     out = np.zeros((-(-n // LINEAR_PANEL), k, LINEAR_PANEL), dtype=np.float16)
-    p = 0
+    fn = _native.lib().nexus_pack_f16_rows
+    col = 0
     for w in weights:
-        full, rest = divmod(w.shape[0], LINEAR_PANEL)
-        out[p:p + full] = w[:full * LINEAR_PANEL].reshape(full, LINEAR_PANEL, k).transpose(0, 2, 1)
-        if rest:
-            out[p + full, :, :rest] = w[full * LINEAR_PANEL:].T
-        p += full + (1 if rest else 0)
+        rows = np.ascontiguousarray(w, dtype=np.float16)
+        _native.check(fn(_ptr(rows), rows.shape[0], k, col, n, _ptr(out)))
+        col += rows.shape[0]
     return out
 
 

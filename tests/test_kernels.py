@@ -666,16 +666,27 @@ def test_layer_norm_matches_reference():
 
 
 def test_panels_from_pytorch_rows_equal_panels_of_the_transpose():
-    """pack_f16_panels_rows (the encoder's load path: Linear weights as stored, side by side) writes exactly what
-    pack_f16_panels writes for their concatenation's transpose, also when a layer is not a whole number of panels."""
+    """pack_f16_panels_rows (the encoder's load path: Linear weights as stored, side by side, transposed in libnexus)
+    writes exactly what pack_f16_panels, its NumPy reference, writes for their concatenation's transpose: also when a
+    layer is not a whole number of panels, when one starts inside a panel, and when k is not a multiple of the
+    native transpose's 64-dim blocks."""
     rng = np.random.default_rng(7)
-    for shapes in ([(384, 384)] * 3, [(1536, 384)], [(128, 16), (64, 16), (5, 16)], [(100, 8), (64, 8)], [(3, 4)]):
+    for shapes in ([(384, 384)] * 3, [(1536, 384)], [(384, 1536)], [(128, 16), (64, 16), (5, 16)], [(100, 8), (64, 8)],
+                   [(3, 4)], [(100, 70), (37, 70), (64, 70)], [(1, 130), (200, 130)]):
         ws = [rng.standard_normal(s).astype(np.float16) for s in shapes]
         got = kernels.pack_f16_panels_rows(ws)
         assert got.dtype == np.float16 and got.flags.c_contiguous
         np.testing.assert_array_equal(got, kernels.pack_f16_panels(np.concatenate(ws).T))
     with pytest.raises(UsageError):
         kernels.pack_f16_panels_rows([np.zeros((64, 4), np.float16), np.zeros((64, 5), np.float16)])
+    # the native call refuses columns past the panels it is given
+    out = np.zeros((1, 4, 64), np.float16)
+    rows = np.zeros((8, 4), np.float16)
+    fn = _native.lib().nexus_pack_f16_rows
+    with pytest.raises(NexusError, match="do not fit"):
+        _native.check(fn(rows.ctypes.data, 8, 4, 60, 64, out.ctypes.data))
+    with pytest.raises(NexusError, match="k must be"):
+        _native.check(fn(rows.ctypes.data, 8, 0, 0, 64, out.ctypes.data))
 
 
 def test_linear_and_layer_norm_errors():

@@ -162,6 +162,13 @@ int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32
 int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
                          int32_t activation, float *y);
 
+/* The layout nexus_linear_f16 reads, from PyTorch's: rows [n_rows, k] of a Linear weight (one output each, float16)
+ * become columns col0 .. col0 + n_rows - 1 of W's panels [ceil(n_cols / 64), k, 64]. Only those columns are written:
+ * the caller zeroes the panels once (the padding of the last one) and packs several layers side by side into them.
+ * A blocked transpose: a request encoder's one-shot process packs its layers once, ~20 MB of halves. */
+int32_t nexus_pack_f16_rows(const uint16_t *rows, int64_t n_rows, int32_t k, int64_t col0, int64_t n_cols,
+                            uint16_t *panels);
+
 /* y[m, n] = LayerNorm(x + residual) over each row: (v - mean) / sqrt(var + eps) * gamma + beta, mean and variance
  * accumulated in double. residual may be NULL; y may alias x. */
 int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,

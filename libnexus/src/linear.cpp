@@ -272,6 +272,38 @@ extern "C" int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const 
     });
 }
 
+// Rows in blocks of 64 (at most one panel's lanes) times 64 dims: the block's reads are 64 runs of 128 bytes and its
+// writes 64 runs of up to 128 bytes, both within a few cache lines at a time (a plain row-by-row loop writes one
+// half per 128-byte stride, which is what NumPy's strided copy does).
+extern "C" int32_t nexus_pack_f16_rows(const uint16_t *rows, int64_t n_rows, int32_t k, int64_t col0, int64_t n_cols,
+                                       uint16_t *panels) {
+    return guard([&] {
+        if (n_rows < 0) invalid("n_rows must be >= 0, got " + std::to_string(n_rows));
+        if (k < 1) invalid("k must be >= 1, got " + std::to_string(k));
+        if (col0 < 0 || n_cols < 1 || col0 + n_rows > n_cols)
+            invalid("columns " + std::to_string(col0) + ".." + std::to_string(col0 + n_rows) + " do not fit in " +
+                    std::to_string(n_cols));
+        if (n_rows == 0) return;
+        require_ptr(rows, "rows");
+        require_ptr(panels, "panels");
+        constexpr int64_t kDims = 64;
+        for (int64_t r0 = 0; r0 < n_rows;) {
+            const int64_t c0 = col0 + r0;
+            const int64_t lanes = std::min<int64_t>(n_rows - r0, kPanel - c0 % kPanel);  // rows in this panel
+            uint16_t *panel = panels + (c0 / kPanel) * static_cast<int64_t>(k) * kPanel + c0 % kPanel;
+            for (int64_t l0 = 0; l0 < k; l0 += kDims) {
+                const int64_t dims = std::min<int64_t>(kDims, k - l0);
+                for (int64_t i = 0; i < lanes; ++i) {
+                    const uint16_t *src = rows + (r0 + i) * k + l0;
+                    uint16_t *dst = panel + l0 * kPanel + i;
+                    for (int64_t l = 0; l < dims; ++l) dst[l * kPanel] = src[l];
+                }
+            }
+            r0 += lanes;
+        }
+    });
+}
+
 extern "C" int32_t nexus_layer_norm(const float *x, const float *residual, int64_t m, int32_t n, const float *gamma,
                                     const float *beta, float eps, float *y) {
     return guard([&] {

@@ -80,6 +80,26 @@ int main() {
         CHECK(inplace == y);
     }
 
+    // nexus_pack_f16_rows: rows of several layers side by side (one starting inside a panel), against the layout
+    // written element by element
+    {
+        const int k = 70, sizes[3] = {100, 37, 64}, n = 201, panels = (n + 63) / 64;
+        std::vector<uint16_t> got(static_cast<size_t>(panels) * k * 64, 0), want(got.size(), 0);
+        int col = 0;
+        for (int r : sizes) {
+            std::vector<uint16_t> rows(static_cast<size_t>(r) * k);
+            for (auto &v : rows) v = static_cast<uint16_t>(rng.uniform() * 65535);
+            CHECK_OK(nexus_pack_f16_rows(rows.data(), r, k, col, n, got.data()));
+            for (int i = 0; i < r; ++i)
+                for (int l = 0; l < k; ++l)
+                    want[(static_cast<size_t>((col + i) / 64) * k + l) * 64 + (col + i) % 64] = rows[i * k + l];
+            col += r;
+        }
+        CHECK(got == want);
+        CHECK_ERR(nexus_pack_f16_rows(got.data(), 8, k, 200, n, got.data()), NEXUS_ERR_INVALID, "do not fit");
+        CHECK_ERR(nexus_pack_f16_rows(nullptr, 8, k, 0, n, got.data()), NEXUS_ERR_INVALID, "rows is NULL");
+    }
+
     // errors
     float xv[4] = {0}, yv[4];
     uint16_t wv[64] = {0};

@@ -20,6 +20,7 @@
 
 // GCC 12 reports its own _mm512_undefined_* idiom inside the intrinsic headers as maybe-uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -691,23 +692,39 @@ int64_t count_at_least_scalar(const uint32_t *keys, int64_t n, uint32_t v) {
 }
 
 #if defined(__x86_64__)
+// Counts in vector lanes (a masked add per 16 keys, two independent sums), not through a scalar popcount chain.
 NEXUS_AVX512_TARGET int64_t count_at_least_avx512(const uint32_t *keys, int64_t n, uint32_t v) {
-    const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(v));
-    int64_t c = 0, i = 0;
+    const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(v)), one = _mm512_set1_epi32(1);
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        c0 = _mm512_mask_add_epi32(c0, _mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), t), c0, one);
+        c1 = _mm512_mask_add_epi32(c1, _mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i + 16), t), c1, one);
+    }
     for (; i + 16 <= n; i += 16)
-        c += __builtin_popcount(_mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), t));
-    return c + count_at_least_scalar(keys + i, n - i, v);
+        c0 = _mm512_mask_add_epi32(c0, _mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), t), c0, one);
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1)) + count_at_least_scalar(keys + i, n - i, v);
 }
 #endif
 
 // The k-th largest of n non-NaN floats (1 <= k <= n), without data-dependent branches: the answer's key is built
-// bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (32 counting passes,
-// which beat a selection's mispredicted branches at the router's sizes). `all` is overwritten with the keys.
+// bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (a counting pass per
+// bit below the keys' common high bits, which beats a selection's mispredicted branches and a radix histogram's
+// chains of increments into one bucket at the router's sizes). `all` is overwritten with the keys.
 float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
     uint32_t *keys = reinterpret_cast<uint32_t *>(all);
-    for (int64_t i = 0; i < n; ++i) keys[i] = order_key(all[i]);
-    uint32_t ans = 0;
-    for (int bit = 31; bit >= 0; --bit) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        keys[i] = order_key(all[i]);
+        lo = std::min(lo, keys[i]);
+        hi = std::max(hi, keys[i]);
+    }
+    if (lo == hi) return from_order_key(lo);
+    // the bits above the highest one where the smallest and largest key differ are every key's, so the answer's:
+    // the counting starts below them (a router's scores share their sign and most of their exponent)
+    const int top = 31 - __builtin_clz(lo ^ hi);
+    uint32_t ans = top == 31 ? 0u : hi & ~(UINT32_MAX >> (31 - top));
+    for (int bit = top; bit >= 0; --bit) {
         const uint32_t cand = ans | (1u << bit);
 #if defined(__x86_64__)
         const int64_t c = level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI

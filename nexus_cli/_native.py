@@ -146,6 +146,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     #                              const int8_t *query, float query_scale, int32_t k, int32_t n_warmup,
     #                              int32_t n_reps, double *ns_out);
     sig("nexus_slb_topk_timed", i32, vp, vp, i64, i32, vp, fl, i32, i32, i32, vp)
+    # int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_reps, double *read_ns_out,
+    #                               double *dots_ns_out)
+    sig("nexus_slb_floor_timed", i32, vp, i32, i32, vp, vp)
     # int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
     #                          int32_t activation, float *y);
     sig("nexus_linear_f16", i32, vp, i64, i32, vp, i32, vp, i32, vp)

@@ -288,6 +288,17 @@ def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale:
     return ns
 
 
+def slb_floor_timed(scanner: "SlbScanner", n_warmup: int, n_reps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two ceilings of the scanner's scan on this CPU, per run in ns (nexus_slb_floor_timed): reading the bytes
+    it reads, and issuing its multiply-add instructions with no memory read. Zeros without AVX-512 VNNI."""
+    if n_reps < 1 or n_warmup < 0:
+        raise UsageError("n_reps must be >= 1 and n_warmup >= 0")
+    read, dots = np.empty(int(n_reps), dtype=np.float64), np.empty(int(n_reps), dtype=np.float64)
+    _native.check(_native.lib().nexus_slb_floor_timed(scanner.prepared.handle, int(n_warmup), int(n_reps),
+                                                      _ptr(read), _ptr(dots)))
+    return read, dots
+
+
 class SlbToolScorer:
     """Per-tool scores of float32 queries over a fixed database whose rows are grouped by tool
     (nexus_slb_tool_scores): the query is quantized, every row scored and each tool's best row kept, in one native

@@ -396,6 +396,23 @@ def test_slb_topk_timed_and_errors():
         kernels.slb_topk_timed(db, None, q, 1.0, 3, 0, 0)
 
 
+def test_slb_floor_timed_reads_the_scan_bytes_and_issues_its_instructions():
+    """The ceilings `nexus bench slb` sets beside the scan: positive times where the CPU has AVX-512 VNNI (more rows,
+    more time), zeros where it has not."""
+    rng = np.random.default_rng(6)
+    small = kernels.SlbScanner(rng.integers(-127, 128, (64, 384), dtype=np.int8), None, 5)
+    large = kernels.SlbScanner(rng.integers(-127, 128, (4096, 384), dtype=np.int8), None, 5)
+    (r1, d1), (r2, d2) = kernels.slb_floor_timed(small, 3, 51), kernels.slb_floor_timed(large, 3, 51)
+    assert r1.shape == d1.shape == (51,)
+    if kernels.simd_level() == "avx512_vnni":
+        assert (r1 > 0).all() and (d1 > 0).all()
+        assert np.median(r2) > 2 * np.median(r1) and np.median(d2) > 2 * np.median(d1)  # 64 times the bytes
+    else:
+        assert not r1.any() and not d1.any()
+    with pytest.raises(UsageError, match="n_reps"):
+        kernels.slb_floor_timed(small, 0, 0)
+
+
 # ---------------------------------------------------------------- trie
 
 def test_trie_matches_python_trie():

@@ -141,6 +141,14 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
 int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
 
+/* Benchmark helper: the two ceilings of a prepared SLB's scan on this CPU, each timed n_reps times after n_warmup
+ * runs, in nanoseconds: read_ns_out[r] reads every byte the scan reads (its panels, or its rows where it has none),
+ * 64 at a time, adding them up and nothing else; dots_ns_out[r] issues as many multiply-add instructions as the
+ * scan does (one vpdpbusd per 64 bytes; 16 independent chains), on registers, with no memory read. A scan can be no
+ * faster than either. Without AVX-512 VNNI on the active level both are 0 (nothing to compare). */
+int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_reps, double *read_ns_out,
+                              double *dots_ns_out);
+
 /* ---------------------------------------------------------------- the router's ranking */
 /* The k best of n per-tool scores, descending (NaN last, ties to the lower index: a stable descending sort), into
  * order_out[min(k, n)], and the gate's margin: scores[top] minus the best score of a tool that is neither the top

@@ -958,6 +958,33 @@ void time_topk(const Rows &rows, const int8_t *query, float query_scale, int32_t
     }
 }
 
+#if defined(__x86_64__)
+// The ceilings nexus_slb_floor_timed measures. Both return a value the caller keeps, so nothing is optimized away.
+NEXUS_VNNI_TARGET int32_t read_bytes_avx512(const uint8_t *p, int64_t bytes) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 256 <= bytes; i += 256) {
+        a0 = _mm512_add_epi32(a0, _mm512_loadu_si512(p + i));
+        a1 = _mm512_add_epi32(a1, _mm512_loadu_si512(p + i + 64));
+        a2 = _mm512_add_epi32(a2, _mm512_loadu_si512(p + i + 128));
+        a3 = _mm512_add_epi32(a3, _mm512_loadu_si512(p + i + 192));
+    }
+    for (; i + 64 <= bytes; i += 64) a0 = _mm512_add_epi32(a0, _mm512_loadu_si512(p + i));
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)));
+}
+
+NEXUS_VNNI_TARGET int32_t dots_only_avx512(const uint8_t *seed, int64_t n_instr) {
+    const __m512i x = _mm512_loadu_si512(seed), y = _mm512_set1_epi32(0x01010101);
+    __m512i acc[16];
+    for (auto &a : acc) a = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n_instr; i += 16)
+        for (auto &a : acc) a = _mm512_dpbusd_epi32(a, x, y);
+    __m512i s = acc[0];
+    for (int j = 1; j < 16; ++j) s = _mm512_add_epi32(s, acc[j]);
+    return _mm512_reduce_add_epi32(s);
+}
+#endif
+
 struct FreeDeleter {
     void operator()(uint8_t *p) const { std::free(p); }
 };
@@ -1266,6 +1293,42 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
         }
         if (n_texts > 1)
             for (int64_t i = 0; i < n_tools; ++i) out[i] = out[i] / static_cast<double>(n_texts);
+    });
+}
+
+int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_reps, double *read_ns_out,
+                              double *dots_ns_out) {
+    return guard([&] {
+        require_ptr(slb, "slb");
+        if (n_warmup < 0) invalid("n_warmup must be >= 0, got " + std::to_string(n_warmup));
+        if (n_reps < 1) invalid("n_reps must be >= 1, got " + std::to_string(n_reps));
+        require_ptr(read_ns_out, "read_ns_out");
+        require_ptr(dots_ns_out, "dots_ns_out");
+        std::fill(read_ns_out, read_ns_out + n_reps, 0.0);
+        std::fill(dots_ns_out, dots_ns_out + n_reps, 0.0);
+#if defined(__x86_64__)
+        if (simd_level() != NEXUS_SIMD_AVX512_VNNI || slb->rows.n == 0) return;
+        slb->current();  // as a warm scanner reads the rows (the panels made)
+        slb->current();
+        const Rows rows = slb->current();
+        const uint8_t *bytes = rows.panels ? rows.panels : reinterpret_cast<const uint8_t *>(rows.db);
+        const int64_t size = rows.panels ? (rows.n + kPanelRows - 1) / kPanelRows * kPanelRows * padded_dim(rows.dim)
+                                         : rows.n * rows.dim;
+        const int64_t n_instr = (size + 63) / 64;
+        if (size < 64) return;
+        volatile int32_t sink = 0;
+        const auto time = [&](double *out, auto &&body) {
+            for (int32_t r = 0; r < n_warmup; ++r) sink = sink + body();
+            for (int32_t r = 0; r < n_reps; ++r) {
+                const auto t0 = std::chrono::steady_clock::now();
+                sink = sink + body();
+                const auto t1 = std::chrono::steady_clock::now();
+                out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+            }
+        };
+        time(read_ns_out, [&] { return read_bytes_avx512(bytes, size); });
+        time(dots_ns_out, [&] { return dots_only_avx512(bytes, n_instr); });
+#endif
     });
 }
 

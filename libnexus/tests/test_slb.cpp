@@ -366,6 +366,11 @@ int main() {
         double ns[3];
         CHECK_OK(nexus_slb_scan_topk_timed(slb, db, 1.0f, 1, 1, 3, ns));
         CHECK(ns[0] >= 0 && ns[2] >= 0);
+        double rd[3], dt[3];
+        CHECK_OK(nexus_slb_floor_timed(slb, 1, 3, rd, dt));  // one row: its panel is 256 bytes, read to the end
+        CHECK(rd[2] >= 0 && dt[2] >= 0);
+        CHECK_ERR(nexus_slb_floor_timed(slb, 0, 0, rd, dt), NEXUS_ERR_INVALID, "n_reps must be >= 1");
+        CHECK_ERR(nexus_slb_floor_timed(slb, 0, 1, nullptr, dt), NEXUS_ERR_INVALID, "read_ns_out is NULL");
         nexus_slb_free(slb);
         nexus_slb_free(nullptr);
     }

@@ -121,6 +121,8 @@ def measure_size(n: int, dim: int, reps: int, seed: int, progress=None) -> tuple
         cpp_parts.append(kernels.slb_scan_topk_timed(scanner, q0, s0, n_warm, max(1, n_reps // rounds)))
         row_parts.append(kernels.slb_topk_timed(db_q, db_s, q0, s0, k, n_warm, max(1, n_reps // rounds)))
     cpp_ns, row_ns = np.concatenate(cpp_parts), np.concatenate(row_parts)
+    # what the CPU allows: reading the scan's bytes, and its vpdpbusd instructions alone (0 without VNNI)
+    floor_read_ns, floor_dots_ns = kernels.slb_floor_timed(scanner, n_warm, n_reps)
     if progress:
         progress.advance(f"N={n} cpp")
 
@@ -171,6 +173,8 @@ def measure_size(n: int, dim: int, reps: int, seed: int, progress=None) -> tuple
         "cpp_row_major_us_p50": row_major["p50"],
         "speedup_cpp_vs_row_major": row_major["p50"] / cpp["p50"] if cpp["p50"] > 0 else None,
         "python_us_p50": py["p50"],
+        "floor_read_us_p50": float(np.median(floor_read_ns)) / 1e3,
+        "floor_dots_us_p50": float(np.median(floor_dots_ns)) / 1e3,
         "numpy_f32_us_p50": f32["p50"],
         "numpy_i8_us_p50": i8["p50"],
         "top1_agreement": agree / N_QUERIES,

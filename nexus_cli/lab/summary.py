@@ -246,6 +246,10 @@ def latency(doc) -> list[str]:
         if r.get("cpp_row_major_us_p50") is not None:
             out.append(f"| the same scan, row-major rows (the kernel the panels replaced) | {r['cpp_us_p50']:.2f} | "
                        f"{r['cpp_row_major_us_p50']:.2f} | {r['speedup_cpp_vs_row_major']:.2f}x |")
+        if r.get("floor_read_us_p50"):  # what one core of this CPU allows (0: no AVX-512 VNNI)
+            out.append(f"| the CPU's ceilings for that scan, one core: reading its bytes / its vpdpbusd alone (µs) | "
+                       f"{r['cpp_us_p50']:.2f} | {r['floor_read_us_p50']:.2f} / {r['floor_dots_us_p50']:.2f} | "
+                       f"{r['floor_read_us_p50'] / r['cpp_us_p50']:.2f}x |")
         if r.get("exact_us_p50") is not None:
             out.append(f"| exact top-5 from Python, {int(n):,} x 384 (µs; top-1 agreement with f32 "
                        f"{r['exact_top1_agreement']:.3f}) | {r['exact_us_p50']:.2f} | NumPy f32 "
@@ -264,8 +268,10 @@ def latency(doc) -> list[str]:
                    f"{_ci(r['total']['median_ci_ms'], 2)} | — | — |")
     for n, o in s["oneshot"].items():
         base = o.get("baseline")
+        inter = o["product"].get("interleaved")  # runs alternating with the baseline per request (not before)
+        note = f" (alternating per request: {inter['median_ms']:.0f})" if inter and base else ""
         out.append(f"| one-shot `nexus route --json --no-args`, {n} index, {o['escalated_share'] * 100:.0f} % escalated "
-                   f"(ms) | {_ci(o['product']['all']['median_ci_ms'], 0)} | "
+                   f"(ms) | {_ci(o['product']['all']['median_ci_ms'], 0)}{note} | "
                    + (f"{o['baseline_ref']} {base['all']['median_ms']:.0f} | {_sp(o['speedup'])} |" if base else "— | — |"))
     return out
 

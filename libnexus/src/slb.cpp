@@ -1316,12 +1316,12 @@ int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_
                                          : rows.n * rows.dim;
         const int64_t n_instr = (size + 63) / 64;
         if (size < 64) return;
-        volatile int32_t sink = 0;
+        volatile uint32_t sink = 0;  // unsigned: the sums wrap, as the vector adds do
         const auto time = [&](double *out, auto &&body) {
-            for (int32_t r = 0; r < n_warmup; ++r) sink = sink + body();
+            for (int32_t r = 0; r < n_warmup; ++r) sink = sink + static_cast<uint32_t>(body());
             for (int32_t r = 0; r < n_reps; ++r) {
                 const auto t0 = std::chrono::steady_clock::now();
-                sink = sink + body();
+                sink = sink + static_cast<uint32_t>(body());
                 const auto t1 = std::chrono::steady_clock::now();
                 out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
             }

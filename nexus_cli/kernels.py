@@ -375,8 +375,11 @@ class SlbToolScorer:
         if n > self._queries.shape[0] or m > self._token_docs.size:
             self._grow(max(n, self._queries.shape[0]), max(m, self._token_docs.size))
         try:
-            for t, v in enumerate(vectors):
-                np.copyto(self._queries[t], v, casting="same_kind")
+            if isinstance(vectors, np.ndarray) and vectors.ndim == 2:  # the texts' rows at once (one copy)
+                np.copyto(self._queries[:n], vectors, casting="same_kind")
+            else:
+                for t, v in enumerate(vectors):
+                    np.copyto(self._queries[t], v, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"each query must be a float array of {self.dim} values") from None
         if with_lex:

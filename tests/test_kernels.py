@@ -590,6 +590,8 @@ def test_slb_request_scan_is_the_numpy_fusion_of_its_texts_every_level(restore_l
                     want = want / n_texts
                     got = scorer.request(vecs, bm25.request_postings(toks), lw)
                     assert np.array_equal(got, want), (trial, level, n_texts, lw)
+                    # the texts' vectors as one [texts, dim] array (how the router passes them): the same scores
+                    assert np.array_equal(scorer.request(np.stack(vecs), bm25.request_postings(toks), lw), want)
                     if lw == 0.0:
                         assert np.array_equal(scorer.request(vecs), want)
     with pytest.raises(UsageError, match="at least one text"):

@@ -707,15 +707,16 @@ NEXUS_AVX512_TARGET int64_t count_at_least_avx512(const uint32_t *keys, int64_t 
 }
 #endif
 
-// The k-th largest of n non-NaN floats (1 <= k <= n), without data-dependent branches: the answer's key is built
-// bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (a counting pass per
-// bit below the keys' common high bits, which beats a selection's mispredicted branches and a radix histogram's
-// chains of increments into one bucket at the router's sizes). `all` is overwritten with the keys.
+// The k-th largest of n floats (1 <= k <= n; NaN counts as -inf), without data-dependent branches: the answer's
+// key is built bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (a
+// counting pass per bit below the keys' common high bits, which beats a selection's mispredicted branches and a
+// radix histogram's chains of increments into one bucket at the router's sizes). `all` is overwritten with the keys.
 float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
     uint32_t *keys = reinterpret_cast<uint32_t *>(all);
     uint32_t lo = UINT32_MAX, hi = 0;
     for (int64_t i = 0; i < n; ++i) {
-        keys[i] = order_key(all[i]);
+        const float v = all[i];
+        keys[i] = order_key(v == v ? v : -INFINITY);  // NaN ranks lowest
         lo = std::min(lo, keys[i]);
         hi = std::max(hi, keys[i]);
     }
@@ -751,9 +752,7 @@ void reduce_tools(float *all, int64_t n, const int64_t *offsets, int64_t n_tools
     float lowest = base;
     if (floor_k > 0 && floor_k < n) {
         // the floor_k-th best row score: a tool with no row among the floor_k best is only known to be below it
-        // (the top-k scan's view), so every tool is raised to it. NaN ranks lowest.
-        for (int64_t r = 0; r < n; ++r)
-            if (std::isnan(all[r])) all[r] = -INFINITY;
+        // (the top-k scan's view), so every tool is raised to it. NaN ranks lowest (kth_largest).
         lowest = kth_largest(all, n, floor_k, level);
     }
     for (int64_t t = 0; t < n_tools; ++t) out[t] = std::max(out[t], lowest);

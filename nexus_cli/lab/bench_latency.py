@@ -472,7 +472,7 @@ def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rou
         prepared = []
         for q in requests:
             texts = request_texts(q, idx.value_masking)
-            prepared.append((texts, list(enc.encode_few(texts))))
+            prepared.append((texts, enc.encode_few(texts)))  # [texts, dim], as the router passes them
         summary["scan_step"][name] = measure_scan(idx, prepared, reps)
     progress.advance("scan step")
 

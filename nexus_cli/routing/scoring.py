@@ -60,8 +60,9 @@ def request_scores(slb: SLB, bm25: BM25 | None, lex_weight: float, texts: Sequen
                    ) -> tuple[np.ndarray, float]:
     """Per-tool fused score of one request = the mean over its texts (request_texts) of dense max-sim + weighted
     BM25, in one native call (kernels.SlbToolScorer.request). Returns (scores, a copy; native call seconds).
-    tokens: each text's textgen.lex_tokens, when the caller has them. dense_fn: a dense step to fuse in Python
-    instead (a benchmark passes the one the native call replaced: the same scores, bit for bit)."""
+    vecs: the texts' vectors, [texts, dim] (or a sequence of rows). tokens: each text's textgen.lex_tokens, when the
+    caller has them. dense_fn: a dense step to fuse in Python instead (a benchmark passes the one the native call
+    replaced: the same scores, bit for bit)."""
     use_lex = bm25 is not None and lex_weight > 0
     if tokens is None and use_lex:
         tokens = [bm25.tokens(t) for t in texts]

@@ -939,22 +939,33 @@ void topk_exact_run(const Rows &rows, const float *db_f32, const float *row_norm
 }
 
 // n_reps timed top-k scans after n_warmup untimed ones (the benchmark helpers).
-void time_topk(const Rows &rows, const int8_t *query, float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps,
-               double *ns_out) {
+void check_timing_args(int32_t n_warmup, int32_t n_reps) {
     if (n_warmup < 0) invalid("n_warmup must be >= 0, got " + std::to_string(n_warmup));
     if (n_reps < 1) invalid("n_reps must be >= 1, got " + std::to_string(n_reps));
+}
+
+// body() n_warmup times untimed, then n_reps times, each run's wall time (ns, steady clock) into ns_out.
+template <typename Body>
+void time_runs(int32_t n_warmup, int32_t n_reps, double *ns_out, Body &&body) {
+    for (int32_t r = 0; r < n_warmup; ++r) body();
+    for (int32_t r = 0; r < n_reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        body();
+        const auto t1 = std::chrono::steady_clock::now();
+        ns_out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    }
+}
+
+void time_topk(const Rows &rows, const int8_t *query, float query_scale, int32_t k, int32_t n_warmup, int32_t n_reps,
+               double *ns_out) {
+    check_timing_args(n_warmup, n_reps);
     require_ptr(ns_out, "ns_out");
     std::vector<int64_t> idx(static_cast<size_t>(k));
     std::vector<float> score(static_cast<size_t>(k));
     int32_t n_got = 0;
     const int32_t level = simd_level();
-    for (int32_t r = 0; r < n_warmup; ++r) topk_run(rows, query, query_scale, k, idx.data(), score.data(), &n_got, level);
-    for (int32_t r = 0; r < n_reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        topk_run(rows, query, query_scale, k, idx.data(), score.data(), &n_got, level);
-        const auto t1 = std::chrono::steady_clock::now();
-        ns_out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-    }
+    time_runs(n_warmup, n_reps, ns_out,
+              [&] { topk_run(rows, query, query_scale, k, idx.data(), score.data(), &n_got, level); });
 }
 
 #if defined(__x86_64__)
@@ -1299,8 +1310,7 @@ int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_
                               double *dots_ns_out) {
     return guard([&] {
         require_ptr(slb, "slb");
-        if (n_warmup < 0) invalid("n_warmup must be >= 0, got " + std::to_string(n_warmup));
-        if (n_reps < 1) invalid("n_reps must be >= 1, got " + std::to_string(n_reps));
+        check_timing_args(n_warmup, n_reps);
         require_ptr(read_ns_out, "read_ns_out");
         require_ptr(dots_ns_out, "dots_ns_out");
         std::fill(read_ns_out, read_ns_out + n_reps, 0.0);
@@ -1313,20 +1323,13 @@ int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_
         const uint8_t *bytes = rows.panels ? rows.panels : reinterpret_cast<const uint8_t *>(rows.db);
         const int64_t size = rows.panels ? (rows.n + kPanelRows - 1) / kPanelRows * kPanelRows * padded_dim(rows.dim)
                                          : rows.n * rows.dim;
-        const int64_t n_instr = (size + 63) / 64;
         if (size < 64) return;
+        const int64_t n_instr = (size + 63) / 64;
         volatile uint32_t sink = 0;  // unsigned: the sums wrap, as the vector adds do
-        const auto time = [&](double *out, auto &&body) {
-            for (int32_t r = 0; r < n_warmup; ++r) sink = sink + static_cast<uint32_t>(body());
-            for (int32_t r = 0; r < n_reps; ++r) {
-                const auto t0 = std::chrono::steady_clock::now();
-                sink = sink + static_cast<uint32_t>(body());
-                const auto t1 = std::chrono::steady_clock::now();
-                out[r] = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-            }
-        };
-        time(read_ns_out, [&] { return read_bytes_avx512(bytes, size); });
-        time(dots_ns_out, [&] { return dots_only_avx512(bytes, n_instr); });
+        time_runs(n_warmup, n_reps, read_ns_out,
+                  [&] { sink = sink + static_cast<uint32_t>(read_bytes_avx512(bytes, size)); });
+        time_runs(n_warmup, n_reps, dots_ns_out,
+                  [&] { sink = sink + static_cast<uint32_t>(dots_only_avx512(bytes, n_instr)); });
 #endif
     });
 }

@@ -287,10 +287,7 @@ class Router:
         index.request_texts): (scores, embed s, scan+fusion s, native scan s)."""
         texts = request_texts(text, self.value_masking)
         t0 = time.perf_counter()
-        if len(texts) == 1:
-            qvecs = self.embedder.encode_one(texts[0]).reshape(1, -1)
-        else:
-            qvecs = self.embedder.encode_few(texts)  # [texts, dim]: the scorer copies its rows in one go
+        qvecs = self.embedder.encode_few(texts)  # [texts, dim], one forward pass; the scorer copies it in one go
         t1 = time.perf_counter()
         scores, native = request_scores(self.index.slb, self.index.bm25, self.lex_weight, texts, qvecs)
         return scores, t1 - t0, time.perf_counter() - t1, native

@@ -169,6 +169,36 @@ def test_arguments_model_loads_beside_the_routing(forge_dir, embedder, tmp_path)
         broken.llm()
 
 
+def test_the_reranker_leaves_a_core_to_a_loading_arguments_model(forge_dir, embedder, monkeypatch):
+    """While the arguments' model loads in its thread, the reranker's own model decodes on one thread fewer, and
+    on all of them again afterwards; with no load in flight its thread count is left alone. The scores are the
+    same either way."""
+    import threading
+
+    from nexus_cli.adapters.llama import LlamaContext
+
+    calls: list = []
+    original = LlamaContext.set_threads
+    monkeypatch.setattr(LlamaContext, "set_threads", lambda self, n=None: calls.append(n) or original(self, n))
+    r = Router(forge_dir, RouterConfig(reranker="likelihood", model="qwen2.5-1.5b", rerank_model="smollm2-135m"),
+               embedder=embedder)
+    q = "close issue 3 in acme/api"
+    alone = r.route(q, with_args=False, rerank=True)
+    assert calls == []
+    release = threading.Event()
+    r._llm_loading = threading.Thread(target=release.wait, daemon=True)  # a load in flight, as prefetch_llm's
+    r._llm_loading.start()
+    try:
+        beside = r.route(q, with_args=False, rerank=True)
+    finally:
+        release.set()
+        r._llm_loading.join()
+        r._llm_loading = None
+    n = r.rerank_llm().n_threads
+    assert calls == [max(1, n - 1), None]
+    assert [c.rerank_score for c in beside.candidates] == [c.rerank_score for c in alone.candidates]
+
+
 def test_empty_query_is_an_error(router):
     with pytest.raises(NexusError, match="empty"):
         router.route("   ", with_args=False)

@@ -477,6 +477,12 @@ class LlamaContext:
     def identity(self) -> ModelIdentity:
         return self.model.identity
 
+    def set_threads(self, n: int | None = None) -> None:
+        """Decode on n threads from now on (None: the n_threads the context was made with). Each row of a matrix
+        product is one thread's work, so the count changes the time, not the numbers."""
+        n = int(n or self.n_threads)
+        _lib().llama_set_n_threads(self._ctx, n, n)
+
     # -- tokens (delegates, for callers that hold only a context)
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
         return self.model.tokenize(text, add_special, parse_special)

@@ -276,6 +276,24 @@ class Router:
             self._rerank_llm = self._context(name)
         return self._rerank_llm
 
+    def _rerank(self, query: str, entries: list, base_scores: list[float], history) -> list[float]:
+        """The reranker's scores. While the arguments' model is still loading in its thread (prefetch_llm, a
+        one-shot route), the reranker's own model decodes on one thread fewer: the loader works on one core, and
+        on 2 cores the reranker's two threads took turns with it (`make demo`'s request: the likelihood took 0.8 s
+        instead of 0.35, and the load ended 0.2 s later than beside one thread). The scores are the same
+        (LlamaContext.set_threads)."""
+        reranker = self.reranker()
+        loading = self._llm_loading is not None and self._llm_loading.is_alive()
+        own = [c for c in (self._cascade_small, self._rerank_llm) if c is not None and c is not self._llm] \
+            if loading else []
+        for c in own:
+            c.set_threads(max(1, c.n_threads - 1))
+        try:
+            return reranker.score(query, entries, base_scores, context=routing_context(history))
+        finally:
+            for c in own:
+                c.set_threads()
+
     @property
     def reranker_name(self) -> str:
         return self._reranker_name
@@ -334,8 +352,7 @@ class Router:
                     break
                 if not any(i in self.index.interchangeable(c) for c in cand):
                     cand.append(i)
-            rs = self.reranker().score(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand],
-                                       context=routing_context(history))
+            rs = self._rerank(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand], history)
             rorder = np.argsort(-np.asarray(rs), kind="stable")
             head: list[int] = []
             for j in rorder:

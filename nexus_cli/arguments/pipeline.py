@@ -82,6 +82,7 @@ class ArgsResult:
     retries: list[str] = field(default_factory=list)  # the RETRY_GRAMMARS generated after the first answer failed
     drafted: int = 0  # draft tokens verified over the call's generations (arguments/drafts.py)
     accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
+    cut: list[str] = field(default_factory=list)  # optional fields cut while written (also among `dropped`)
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -341,7 +342,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       window_size: tuple[int, int] | None = None, drafting: bool | None = None) -> ArgsResult:
+                       window_size: tuple[int, int] | None = None, drafting: bool | None = None,
+                       cut_unbacked: bool | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -351,6 +353,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
     (prompt.build_messages; the default is the product's). drafting: verify drafted tokens in batches
     (arguments/drafts.py; False decodes one token at a time, the baseline of `nexus bench drafts`; None: DRAFTING).
+    cut_unbacked: cut optional fields the drop would remove while they are written (arguments/unbacked.py; False
+    writes them out, the baseline of `nexus bench cut`; None: CUT_UNBACKED; never without post_process).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -379,8 +383,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     source = source_text(query, window)
     gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting)
     # the cut only saves what the drop would remove: without the post-processing every field is written out
+    cutting = (CUT_UNBACKED if cut_unbacked is None else cut_unbacked) and post_process
     res, cut = _first_answer(gen, spec, tokens, start, gbnf, max(STRING_MIN_BOUND, source_chars + 16), max_tokens,
-                             first_deadline, CUT_UNBACKED and post_process)
+                             first_deadline, cutting)
     cache.kept(ctx, tokens, res.tokens, seq_id)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms
     raw = res.text
@@ -438,4 +443,4 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                                    "arguments either"]
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted)
+                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted, cut)

@@ -17,6 +17,7 @@ def command(
     reps: Optional[int] = typer.Option(None, "--reps", help="Rounds over the requests for the scan step (a quarter of them for the encoder and the warm route; default 20)."),
     oneshot_requests: Optional[int] = typer.Option(None, "--oneshot-requests", help="Requests run as one-shot processes (default 8)."),
     oneshot_rounds: Optional[int] = typer.Option(None, "--oneshot-rounds", help="Rounds of one-shot processes (default 3)."),
+    demo_rounds: Optional[int] = typer.Option(None, "--demo-rounds", help="Rounds of `make demo`'s request one-shot with arguments, each side once a round (default 5; 0 skips it)."),
     baseline_ref: Optional[str] = typer.Option(None, "--baseline-ref", help="The commit whose one-shot route is the baseline (default: the last one before the native scan step and encoder; 'none' to skip)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Request JSONL (default benchmarks/queries/routing.jsonl; only the text is used)."),
     registry_dir: Optional[str] = options.registry_dir(),
@@ -28,12 +29,14 @@ def command(
     from ..lab import bench_latency as stage  # lazy: `nexus --help` stays fast
 
     s = options.settings(dict(small=small, reps=reps, oneshot_requests=oneshot_requests, oneshot_rounds=oneshot_rounds,
-                              baseline_ref=baseline_ref), stage.DEFAULTS, quick, stage.QUICK)
+                              baseline_ref=baseline_ref, demo_rounds=demo_rounds), stage.DEFAULTS, quick, stage.QUICK)
     if s["baseline_ref"] in ("none", ""):
         s["baseline_ref"] = None
     for k in ("reps", "oneshot_requests", "oneshot_rounds"):
         if s[k] < 1:
             raise typer.BadParameter("must be at least 1", param_hint=f"--{k.replace('_', '-')}")
+    if s["demo_rounds"] < 0:
+        raise typer.BadParameter("must be 0 or more", param_hint="--demo-rounds")
     with stage_progress("latency", enabled=not as_json) as prog:
         doc = stage.run(queries=queries, registry_dir=registry_dir, seed=seed, quick=quick, out_dir=out, progress=prog,
                         **s)
@@ -70,4 +73,10 @@ def render(doc: dict, console) -> None:
                   fmt_ci(o["product"]["all"]["median_ci_ms"], 0),
                   f"{o.get('baseline_ref')} {fmt_ci(base['all']['median_ci_ms'], 0)}" if base else "—",
                   fmt_speedup(o.get("speedup")) if base else "—")
+    d = s.get("demo")
+    if d:
+        base = d.get("baseline")
+        t.add_row("`make demo`'s request one-shot with arguments, wall (ms)", fmt_ci(d["product"]["wall"]["median_ci_ms"], 0),
+                  f"{d.get('baseline_ref')} {fmt_ci(base['wall']['median_ci_ms'], 0)}" if base else "—",
+                  fmt_speedup(d.get("speedup")) if base else "—")
     console.print(t)

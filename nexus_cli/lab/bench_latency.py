@@ -28,6 +28,9 @@ benchmark's (.nexus/bench-routing/).
    (Python's bytecode cache written, as for a user; PYTHONDONTWRITEBYTECODE is cleared for these processes).
    Over `all` the product's reranker is none (an example-tuned embedder over examples), so no request loads an LLM;
    over `small` the requests the gate escalates load the likelihood reranker's LLM: reported apart.
+5. `make demo`'s request one-shot with arguments (`nexus route DEMO_REQUEST --json` over tool_registries indexed by
+   this tree): the process's wall time and the command's own step timings, this tree against --baseline-ref,
+   the first side alternating by round (--demo-rounds; 0 skips it), and whether both gave the same answers.
 Medians with bootstrap 95 % intervals; ratios as stats.speedup_ci (baseline / product).
 """
 
@@ -62,8 +65,10 @@ SUITE = "latency"
 DEFAULT_QUERIES = REPO_ROOT / "benchmarks" / "queries" / "routing.jsonl"
 EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
 WORKTREES = REPO_ROOT / ".nexus" / "bench-latency"
-DEFAULTS = dict(small=250, reps=20, oneshot_requests=8, oneshot_rounds=3, baseline_ref="18c2df6")
-QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_ref=None)
+DEFAULTS = dict(small=250, reps=20, oneshot_requests=8, oneshot_rounds=3, baseline_ref="18c2df6", demo_rounds=5)
+QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_ref=None, demo_rounds=0)
+DEMO_REGISTRY = REPO_ROOT / "tool_registries"  # `make demo` indexes this folder and routes DEMO_REQUEST over it
+DEMO_REQUEST = "open a pull request in acme/api from feature/login into main titled Add login page"
 TOP = 10  # candidates ranked after the scores, as the router ranks them
 
 
@@ -366,10 +371,13 @@ def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
     return tree, lib
 
 
-def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | None = None) -> tuple[float, dict]:
+def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | None = None,
+             with_args: bool = False) -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=os.pathsep.join(str(p) for p in (site, tree) if p), NEXUS_LIB=str(lib))
-    cmd = [sys.executable, "-m", "nexus_cli.cli", "route", query, "--json", "--no-args", "--index", str(index_dir)]
+    cmd = [sys.executable, "-m", "nexus_cli.cli", "route", query, "--json", "--index", str(index_dir)]
+    if not with_args:
+        cmd.append("--no-args")
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=str(tree), env=env, capture_output=True, text=True)
     dt = time.perf_counter() - t0
@@ -378,10 +386,12 @@ def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | No
     return dt, json.loads(p.stdout)
 
 
-def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | None, progress) -> dict:
+def _sides(index_dir: Path, baseline_ref: str | None, progress):
+    """(trees, sites, indexes, baseline packages) of the product and, with a baseline_ref, the baseline: each side's
+    tree and libnexus, the packages installed for it alone, and the index in the format its own code reads."""
     trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
     sites: dict[str, Path | None] = {"product": None}
-    indexes = {"product": index_dir}  # each side reads the index in the format its own code writes
+    indexes = {"product": index_dir}
     baseline_packages: list[str] = []
     if baseline_ref:
         trees["baseline"] = _baseline_tree(baseline_ref, progress)
@@ -391,6 +401,11 @@ def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | 
             raise UsageError(f"--baseline-ref {baseline_ref} writes index format {fmt}; this benchmark gives a "
                              "baseline format 2, 3 or 4")
         indexes["baseline"] = _as_format(index_dir, fmt)
+    return trees, sites, indexes, baseline_packages
+
+
+def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | None, progress) -> dict:
+    trees, sites, indexes, baseline_packages = _sides(index_dir, baseline_ref, progress)
     # Each round runs every request on one side, then on the other (the side that goes first alternates), so a
     # process follows one of its own kind, as consecutive `nexus route` calls do; then the same requests alternating
     # side by side per request, where each process follows the other side's (the baseline imports torch: the product
@@ -434,20 +449,57 @@ def measure_oneshot(index_dir: Path, requests, rounds: int, baseline_ref: str | 
     return out
 
 
+def measure_demo(rounds: int, baseline_ref: str | None, progress) -> dict:
+    """`make demo`'s request, one-shot with arguments (`nexus route DEMO_REQUEST --json` over the index `make demo`
+    builds, this tree's `nexus index tool_registries`): the process's wall time and the command's own timings,
+    this tree against the baseline, the first side alternating by round, after one untimed run of each."""
+    index_dir = WORKTREES / "demo-index"
+    p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", str(DEMO_REGISTRY), "--out", str(index_dir)],
+                       cwd=str(REPO_ROOT), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise NexusError(f"indexing {DEMO_REGISTRY.name} failed: {p.stderr.strip().splitlines()[-1:]}")
+    trees, sites, indexes, baseline_packages = _sides(index_dir, baseline_ref, progress)
+    for k, (tree, lib) in trees.items():  # untimed: bytecode written, both models' files in the page cache
+        _oneshot(tree, lib, indexes[k], DEMO_REQUEST, sites[k], with_args=True)
+    wall = {k: [] for k in trees}
+    steps = {k: {s: [] for s in ("embed", "rerank", "args", "total")} for k in trees}
+    answers = {k: set() for k in trees}
+    for r in range(rounds):
+        for k in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            tree, lib = trees[k]
+            dt, doc = _oneshot(tree, lib, indexes[k], DEMO_REQUEST, sites[k], with_args=True)
+            wall[k].append(dt)
+            for step in steps[k]:
+                steps[k][step].append(float(doc["timings_ms"][step]) / 1e3)
+            answers[k].add(json.dumps([doc["server"], doc["tool"], doc.get("arguments")], sort_keys=True))
+        progress.advance(f"demo round {r + 1}")
+    out: dict = {"request": DEMO_REQUEST, "registry": str(DEMO_REGISTRY.relative_to(REPO_ROOT)), "rounds": rounds}
+    for k in trees:
+        out[k] = {"wall": _ms(wall[k]), **{step: _ms(v) for step, v in steps[k].items()},
+                  "answers": sorted(answers[k])}
+    if baseline_ref:
+        out["baseline_ref"] = baseline_ref
+        out["baseline_packages"] = baseline_packages
+        out["speedup"] = _ratio(wall["baseline"], wall["product"])
+        out["same_answers"] = answers["baseline"] == answers["product"]
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rounds: int = 3,
         baseline_ref: str | None = None, queries: str | None = None, registry_dir=None, seed: int = 0,
-        quick: bool = False, out_dir="results", progress=NULL_PROGRESS) -> dict:
+        quick: bool = False, out_dir="results", progress=NULL_PROGRESS, demo_rounds: int = 0) -> dict:
     requests = _load_requests(Path(queries) if queries else DEFAULT_QUERIES)
     if quick:
         requests = requests[:12]
     run_ = Run(SUITE, params={"small": small, "reps": reps, "oneshot_requests": oneshot_requests,
                               "oneshot_rounds": oneshot_rounds, "baseline_ref": baseline_ref,
+                              "demo_rounds": demo_rounds,
                               "queries": str(queries or DEFAULT_QUERIES.relative_to(REPO_ROOT)),
                               "requests": len(requests), "embedder": DEFAULT_EMBEDDER, "quick": quick,
                               "simd_level": kernels.simd_level()}, seed=seed)
-    progress.set_total(6 + 2 * oneshot_rounds)
+    progress.set_total(6 + 2 * oneshot_rounds + demo_rounds)
     pool = pool_tools(Path(registry_dir) if registry_dir else registry_dir_default())
     if not 2 <= small <= len(pool):
         raise UsageError(f"--small must be between 2 and {len(pool)}")
@@ -485,5 +537,7 @@ def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rou
     summary["oneshot"] = {name: measure_oneshot(d, requests[:oneshot_requests], oneshot_rounds, baseline_ref, progress)
                           for name, d in (("all", all_dir), ("small", small_dir))}
     summary["indexes"] = {k: str(Path(v).relative_to(REPO_ROOT)) for k, v in (("small", small_dir), ("all", all_dir))}
+    if demo_rounds:
+        summary["demo"] = measure_demo(demo_rounds, baseline_ref, progress)
 
     return run_.write(summary, out_dir=out_dir)

@@ -288,6 +288,14 @@ def latency(doc) -> list[str]:
         out.append(f"| one-shot `nexus route --json --no-args`, {n} index, {o['escalated_share'] * 100:.0f} % escalated "
                    f"(ms) | {_ci(o['product']['all']['median_ci_ms'], 0)}{note} | "
                    + (f"{o['baseline_ref']} {base['all']['median_ms']:.0f} | {_sp(o['speedup'])} |" if base else "— | — |"))
+    d = s.get("demo")
+    if d:
+        base, p = d.get("baseline"), d["product"]
+        steps = f"rerank {p['rerank']['median_ms']:.0f}, arguments {p['args']['median_ms']:.0f}"
+        out.append(f"| `make demo`'s request one-shot with arguments, wall (ms; {steps}; same answers: "
+                   f"{'yes' if d.get('same_answers', True) else 'no'}) | {_ci(p['wall']['median_ci_ms'], 0)} | "
+                   + (f"{d['baseline_ref']} {base['wall']['median_ms']:.0f} | {_sp(d['speedup'])} |" if base
+                      else "— | — |"))
     return out
 
 

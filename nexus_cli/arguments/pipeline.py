@@ -178,7 +178,7 @@ def _first_answer(gen: _Generations, spec: ToolSpec, tokens: Sequence[int], star
             grammar = with_string_limit(grammar_of(spec.name, schema)[0], string_bound)
             first = len(tokens) + kept - 1  # the position of the last kept token (of the prompt when none is)
             res = gen((list(tokens) + answer[:kept])[-1:] + tail_tokens, first, grammar, schema,
-                      max_tokens - len(prefix), deadline=deadline, stop_when=watch, answer_prefix=prefix)
+                      max(1, max_tokens - len(prefix)), deadline=deadline, stop_when=watch, answer_prefix=prefix)
         except NexusError:
             # the grammar without the field cannot take the answer's beginning (not seen; a guard): the answer is
             # written again from the prompt without cuts

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/args_eval.py                       # qwen2.5-0.5b on benchmarks/queries/args_cases.jsonl
     .venv/bin/python benchmarks/args_eval.py --cases tool_registries/demo_queries.jsonl --registry tool_registries
-    .venv/bin/python benchmarks/args_eval.py --no-post | --no-descriptions | --no-cut   # ablations
+    .venv/bin/python benchmarks/args_eval.py --no-post | --no-descriptions    # ablations
 
 Isolates the arguments stage (no routing): for each case the gold (server, tool) is compiled with
 nexus_cli.schema.compile_tool and nexus_cli.arguments.pipeline.generate_arguments fills it in. A gold argument counts
@@ -60,16 +60,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cases", type=int, default=None)
     ap.add_argument("--no-post", action="store_true", help="keep optional fields the context does not support")
     ap.add_argument("--no-descriptions", action="store_true", help="bare one-line signature in the prompt")
-    ap.add_argument("--no-cut", action="store_true",
-                    help="write every optional field to the end (no cut of fields the drop would remove)")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
 
     from nexus_cli.adapters.llama import LlamaContext, load_model
-    from nexus_cli.arguments import pipeline
-
-    pipeline.CUT_UNBACKED = not a.no_cut
 
     tools = load_registries([a.registry])
     by_key = {t.key: t for t in tools}
@@ -130,8 +125,7 @@ def main(argv=None) -> int:
     report = {
         "suite": "args_eval (gold tool given)",
         "cases_file": " ".join(a.cases), "cases": n, "model": a.model, "threads": ctx.n_threads,
-        "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions,
-                   "cut_unbacked": pipeline.CUT_UNBACKED},
+        "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions},
         "specified_args": spec_total, "specified_right": spec_ok,
         "specified_accuracy": round(spec_ok / spec_total, 4) if spec_total else None,
         "cases_all_right": sum(all(p["right"].values()) for p in per_case),

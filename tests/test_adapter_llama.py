@@ -256,38 +256,6 @@ def test_drafted_generation_keeps_the_greedy_tokens_and_only_their_cells(ctx, sm
     assert drafted.tokens == short.tokens and drafted.stop == "max_tokens" and ctx.seq_pos_max(0) == cells
 
 
-def test_stop_when_and_a_continued_answer_give_the_uninterrupted_tokens(ctx, smol):
-    """stop_when ends a generation after the token it approves of, the sequence holding the prompt and the output
-    but its last token; a second call that continues that answer (its beginning as grammar_prefix, its last token
-    decoded again) writes the tokens the uninterrupted generation wrote. A beginning the grammar cannot take is
-    refused with ModelError before anything is decoded (llama.cpp's accept would abort the process)."""
-    from nexus_cli.registry import Tool
-    from nexus_cli.schema import compile_tool
-
-    spec = compile_tool(Tool("forge", "create_issue", "Open an issue.", {
-        "type": "object", "required": ["owner", "repo", "title"], "properties": {
-            "owner": {"type": "string"}, "repo": {"type": "string"}, "title": {"type": "string"}}}))
-    prompt = smol.chat_tokens([{"role": "user", "content": "Open an issue in acme/api titled Login broken."}])
-    for lazy in (True, False):
-        whole = ctx.generate(prompt, max_tokens=48, grammar=spec.grammar, lazy_grammar=lazy)
-        assert len(whole.tokens) > 8
-        for k in (1, 4, 7):
-            seen: list[list[int]] = []
-            part = ctx.generate(prompt, max_tokens=48, grammar=spec.grammar, lazy_grammar=lazy,
-                                stop_when=lambda out: seen.append(list(out)) or len(out) >= k)
-            assert part.stop == "stop_when" and part.tokens == whole.tokens[:k]
-            assert seen == [whole.tokens[:j] for j in range(1, k + 1)]
-            assert ctx.seq_pos_max(0) == len(prompt) + k - 2  # the last output token is not decoded
-            for kept in (k, k - 1):  # continued from the whole answer so far, or from one token less
-                begun = part.tokens[:kept]
-                rest = ctx.generate((prompt + begun)[-1:], max_tokens=48 - kept, grammar=spec.grammar,
-                                    lazy_grammar=lazy, start_pos=len(prompt) + kept - 1, grammar_prefix=begun)
-                assert begun + rest.tokens == whole.tokens and rest.stop == whole.stop
-    bad = smol.tokenize('}', parse_special=False)
-    with pytest.raises(ModelError, match="does not accept"):
-        ctx.generate(prompt[-1:], max_tokens=4, grammar=spec.grammar, start_pos=len(prompt) - 1, grammar_prefix=bad)
-
-
 def test_generate_reuses_a_warm_prefix(ctx, smol):
     prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
     cold = ctx.generate(prompt, max_tokens=6)

@@ -24,7 +24,7 @@ def test_order_covers_every_suite():
     from nexus_cli.commands.bench import app
 
     assert results_all.ORDER == ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args",
-                                 "drafts", "cut", "card-splice", "serve", "poisoning",
+                                 "drafts", "card-splice", "serve", "poisoning",
                                  "deep-splice:smollm2-135m", "dkl:smollm2-135m", "gate:smollm2-135m",
                                  "gate:qwen2.5-1.5b", "dkl:qwen2.5-1.5b"]
     from nexus_cli.lab import summary as results_summary

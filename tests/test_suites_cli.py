@@ -246,16 +246,3 @@ def test_recomputing_every_block_token_in_place_is_a_full_prefill():
     bound = 2 * max(floor, layout, 1e-4)
     assert kls["head"] <= bound and kls["scattered"] <= bound, (kls, floor, layout)
     assert kls["bare"] > bound, (kls, floor, layout)  # the block never saw the history: the repair had work to do
-
-
-@needs_smollm
-def test_cut_smoke(tmp_path):
-    doc = nexus("bench", "cut", "--model", "smollm2-135m", "--max-cases", "2", "--out", str(tmp_path))
-    s = doc["summary"]
-    assert doc["suite"] == "cut" and doc["variant"] == "smollm2-135m" and s["n_cases"] == 2
-    assert (tmp_path / "cut" / "latest-smollm2-135m.json").is_file()
-    for case in doc["samples"]["cases"]:
-        assert case["written_out"]["cut"] == []
-        assert case["identical"] == (case["written_out"]["arguments"] == case["cut"]["arguments"])
-    assert s["cases_with_a_cut"] == sum(1 for c in doc["samples"]["cases"] if c["cut"]["cut"])
-    assert s["speedup_paired"]["value"] > 0

@@ -185,8 +185,7 @@ class GenerationResult:
     n_prompt: prompt tokens decoded for this call (0 when the prompt was already in the cache).
     t_first_token_ms: from the call's start (prompt decode included) to the first sampled token.
     t_total_ms: the whole call.
-    stop: "eog" (end-of-generation token), "max_tokens", "deadline" (the caller's deadline passed) or "stop_when"
-    (the caller's check ended it).
+    stop: "eog" (end-of-generation token), "max_tokens", or "deadline" (the caller's deadline passed).
     grammar_rejections: steps at which the grammar rejected the unconstrained greedy choice, so the whole
     vocabulary was masked (lazy grammar; 0 without a grammar or with it in the sampler chain).
     drafted / accepted: draft tokens verified and kept (greedy decoding with a `draft`; 0 without).
@@ -786,8 +785,6 @@ class LlamaContext:
         deadline: float | None = None,
         draft: Callable[[Sequence[int]], Sequence[int]] | None = None,
         max_draft: int = DEFAULT_MAX_DRAFT,
-        stop_when: Callable[[Sequence[int]], bool] | None = None,
-        grammar_prefix: Sequence[int] = (),
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens after `prompt_tokens`, optionally constrained by a GBNF grammar.
 
@@ -820,14 +817,6 @@ class LlamaContext:
         that differ). A batch of 4 tokens costs ~1.5x one (Qwen2.5-1.5B, 2 cores), so a draft pays when it is
         mostly right.
 
-        stop_when: called with the tokens generated so far after each one; True ends the generation there
-        (stop="stop_when"), the sequence then holding the prompt and the output but its last token, as at max_tokens.
-
-        grammar_prefix: tokens the grammar reads before the first sampled one: the beginning of an answer an earlier
-        call wrote, still in the cache, which this call continues under another grammar (prompt_tokens is then its
-        last token, decoded again for its logits). A token the grammar does not accept raises ModelError before
-        anything is decoded.
-
         Returns GenerationResult(text, tokens, n_prompt, t_first_token_ms, t_total_ms, stop)."""
         L = _lib()
         t0 = time.perf_counter()
@@ -859,19 +848,6 @@ class LlamaContext:
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(float(temperature)))
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
             check = _GrammarCheck(L, g, self._ctx, self.model, logit_bias) if g is not None else None
-            if grammar_prefix and grammar is not None:
-                # a token the grammar cannot take would make llama.cpp's accept abort the process: each is first
-                # tested on its own (apply does not throw), then accepted
-                reader = g if g is not None else chain
-                probe = L.llama_token_data(0, 0.0, 0.0)
-                probe_arr = L.llama_token_data_array(ctypes.pointer(probe), 1, -1, False)
-                for t in grammar_prefix:
-                    probe.id, probe.logit, probe.p = int(t), 0.0, 0.0
-                    probe_arr.size, probe_arr.selected, probe_arr.sorted = 1, -1, False
-                    L.llama_sampler_apply(g if g is not None else chain, ctypes.byref(probe_arr))
-                    if not math.isfinite(probe.logit):
-                        raise ModelError("the grammar does not accept the beginning of the answer it should continue")
-                    L.llama_sampler_accept(reader, int(t))
 
             self.seq_rm(seq_id, start_pos, -1)
             self.decode(prompt_tokens, start_pos, seq_id)
@@ -910,8 +886,6 @@ class LlamaContext:
                 ended = len(out) >= max_tokens
                 if not ended and deadline is not None and time.perf_counter() >= deadline:
                     stop, ended = "deadline", True
-                if not ended and stop_when is not None and stop_when(out):
-                    stop, ended = "stop_when", True
                 if ended:
                     # as without a draft: the sequence holds the prompt and the output but its last token
                     if in_cache or pending:

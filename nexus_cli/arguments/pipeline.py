@@ -7,8 +7,6 @@ turn with the pruned history window (recent turns verbatim, tool payloads as dig
 short inline descriptions, and the request.
 
 Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
-An optional field the drop of unsupported fields is certain to remove is cut as soon as that is certain, and the
-answer goes on without it (arguments/unbacked.py): its tokens would only be thrown away.
 String values are bounded by the length of the request + history window (a value longer than its only possible
 source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out of tokens
 before its JSON closes, or that fails validation, is retried over tighter grammars (RETRY_GRAMMARS): first the
@@ -33,8 +31,8 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from ..adapters.llama import LlamaContext
 from ..config import DEFAULT_ARGS_TIME_LIMIT_S
@@ -53,7 +51,6 @@ from .repairs import (
     stated_optional_keys,
     supported,
 )
-from .unbacked import UnbackedFieldWatch, without_fields
 
 DEFAULT_MAX_TOKENS = 256
 LONGER_LISTS_PASS = True  # a second pass for a list the answer closed after one item
@@ -63,9 +60,6 @@ TIGHT_STRING_MAX = 64  # the string bound of the retries over the tighter gramma
 FIRST_ANSWER_SHARE = 2 / 3  # of the time limit the first answer may use; the rest is kept for the retries
 DRAFTING = True  # greedy decoding verifies drafted tokens in batches (arguments/drafts.py); False: one at a time
 RETRY_GRAMMARS = ("tight", "required-first")  # tried in this order after a first answer that failed
-# the first answer is cut back before an optional field the drop is certain to remove, as soon as that is certain, and
-# goes on without it (arguments/unbacked.py); False writes every field to the end
-CUT_UNBACKED = True
 
 
 @dataclass
@@ -82,7 +76,6 @@ class ArgsResult:
     retries: list[str] = field(default_factory=list)  # the RETRY_GRAMMARS generated after the first answer failed
     drafted: int = 0  # draft tokens verified over the call's generations (arguments/drafts.py)
     accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
-    cut: list[str] = field(default_factory=list)  # optional fields cut while written (also among `dropped`)
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -139,56 +132,13 @@ class _Generations:
         self.drafted = self.accepted = 0
 
     def __call__(self, tokens: Sequence[int], start_pos: int, grammar: str, schema: Any, max_tokens: int,
-                 deadline: float | None = None, stop_when: Callable[[Sequence[int]], bool] | None = None,
-                 answer_prefix: Sequence[int] = ()):
-        """answer_prefix: the beginning of an answer already in the cache, which this generation continues (the
-        drafter and stop_when see it before the new tokens; `tokens` is then its last token)."""
-        prefix = list(answer_prefix)
-        drafter = ArgumentDrafter(self.ctx.model, schema, self.source) if self.drafting else None
-        draft = (lambda out: drafter(prefix + list(out))) if drafter is not None and prefix else drafter
-        stop = (lambda out: stop_when(prefix + list(out))) if stop_when is not None and prefix else stop_when
+                 deadline: float | None = None):
+        draft = ArgumentDrafter(self.ctx.model, schema, self.source) if self.drafting else None
         res = self.ctx.generate(tokens, max_tokens=max_tokens, grammar=grammar, temperature=0.0, seq_id=self.seq_id,
-                                start_pos=start_pos, deadline=deadline, draft=draft, stop_when=stop,
-                                grammar_prefix=prefix)
+                                start_pos=start_pos, deadline=deadline, draft=draft)
         self.drafted += res.drafted
         self.accepted += res.accepted
         return res
-
-
-def _first_answer(gen: _Generations, spec: ToolSpec, tokens: Sequence[int], start: int, gbnf: str,
-                  string_bound: int, max_tokens: int, deadline: float | None, cut_unbacked: bool):
-    """The first answer over the prompt `tokens` (cells [0, start) already in the cache), with the optional fields
-    the drop is certain to remove cut while they are written (arguments/unbacked.py) when cut_unbacked: at such a field
-    the answer goes back to before it and on under the tool's grammar without it, until it ends otherwise.
-    Returns (a GenerationResult of the whole answer, the fields cut)."""
-    watch = UnbackedFieldWatch(gen.ctx.model, spec, gen.source) if cut_unbacked else None
-    if not watch:
-        return gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=deadline), []
-    res = gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=deadline, stop_when=watch)
-    first_ms, total_ms, answer, cut = res.t_first_token_ms, res.t_total_ms, list(res.tokens), []
-    while res.stop == "stop_when":
-        key, kept, tail = watch.found
-        cut.append(key)
-        # the answer up to the field: its tokens before it, and the characters a cut token held before it
-        # (the last value's closing quote) as tokens of their own; decoded from the last kept token on
-        tail_tokens = gen.ctx.model.tokenize(tail, parse_special=False) if tail else []
-        prefix = answer[:kept] + tail_tokens
-        schema = without_fields(spec.input_schema, cut)
-        try:
-            grammar = with_string_limit(grammar_of(spec.name, schema)[0], string_bound)
-            first = len(tokens) + kept - 1  # the position of the last kept token (of the prompt when none is)
-            res = gen((list(tokens) + answer[:kept])[-1:] + tail_tokens, first, grammar, schema,
-                      max(1, max_tokens - len(prefix)), deadline=deadline, stop_when=watch, answer_prefix=prefix)
-        except NexusError:
-            # the grammar without the field cannot take the answer's beginning (not seen; a guard): the answer is
-            # written again from the prompt without cuts
-            res = gen(tokens[-1:], len(tokens) - 1, gbnf, spec.schema, max_tokens, deadline=deadline)
-            return replace(res, t_first_token_ms=first_ms, t_total_ms=total_ms + res.t_total_ms), []
-        answer = prefix + list(res.tokens)
-        total_ms += res.t_total_ms
-    text = gen.ctx.model.detokenize(answer, special=True)
-    return replace(res, text=text, tokens=answer, n_prompt=len(tokens) - start, t_first_token_ms=first_ms,
-                   t_total_ms=total_ms), cut
 
 
 def _forced_answer(gen: _Generations, spec: ToolSpec, schema: dict, tokens: Sequence[int], source_chars: int,
@@ -342,8 +292,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       window_size: tuple[int, int] | None = None, drafting: bool | None = None,
-                       cut_unbacked: bool | None = None) -> ArgsResult:
+                       window_size: tuple[int, int] | None = None, drafting: bool | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -353,8 +302,6 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
     (prompt.build_messages; the default is the product's). drafting: verify drafted tokens in batches
     (arguments/drafts.py; False decodes one token at a time, the baseline of `nexus bench drafts`; None: DRAFTING).
-    cut_unbacked: cut optional fields the drop would remove while they are written (arguments/unbacked.py; False
-    writes them out, the baseline of `nexus bench cut`; None: CUT_UNBACKED; never without post_process).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -382,10 +329,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     source = source_text(query, window)
     gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting)
-    # the cut only saves what the drop would remove: without the post-processing every field is written out
-    cutting = (CUT_UNBACKED if cut_unbacked is None else cut_unbacked) and post_process
-    res, cut = _first_answer(gen, spec, tokens, start, gbnf, max(STRING_MIN_BOUND, source_chars + 16), max_tokens,
-                             first_deadline, cutting)
+    res = gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=first_deadline)
     cache.kept(ctx, tokens, res.tokens, seq_id)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms
     raw = res.text
@@ -393,9 +337,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     args, errors = _parsed(res)
     if args is not None:
         in_time = deadline is None or time.perf_counter() < deadline  # the second passes only improve an answer
-        # a cut field counts as answered, as it would had it been written to the end and dropped
-        answered = {**{k: None for k in cut}, **args}
-        added = _stated_keys_pass(gen, spec, answered, tokens, source, source_chars, max_tokens) \
+        added = _stated_keys_pass(gen, spec, args, tokens, source, source_chars, max_tokens) \
             if post_process and STATED_KEYS_PASS and in_time else {}
         longer = _longer_lists_pass(gen, spec, args, tokens, source, source_chars, max_tokens) \
             if post_process and LONGER_LISTS_PASS and in_time else {}
@@ -405,7 +347,6 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
             cache.kept(ctx, tokens, None, seq_id)  # the second passes replaced what follows the prompt
         if post_process:
             args, dropped = post_process_arguments(args, spec, query, window)
-            dropped = cut + dropped  # cut while written: dropped before the end of their value
             dropped += [f"added {k} (stated in the request)" for k in added if k in args]
             dropped += [f"extended {k} to {len(v)} items" for k, v in longer.items() if k in args]
         errors = validate_arguments(spec.input_schema, args)
@@ -443,4 +384,4 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                                    "arguments either"]
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted, cut)
+                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted)

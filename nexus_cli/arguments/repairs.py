@@ -182,25 +182,6 @@ def drop_unsupported(args: dict, spec: ToolSpec, context: str) -> tuple[dict, li
     return out, dropped
 
 
-def doomed_while_written(name: str, schema: Any, written: str | None, ctx: str, topic: Sequence[str] = ()) -> bool:
-    """Is an optional top-level field certain to be removed by drop_unsupported (_prune) whatever the rest of its
-    value, once the answer has written its key and, for a string, the value's beginning `written` (decoded, without
-    its opening quote; None: only the key)? `ctx` as _prune reads it (norm_text). Decided only where _prune's rule
-    allows no other outcome:
-    - a flag (type boolean, no enum): neither its name nor its description is backed by the context;
-    - a string without an enum: `supported` needs the whole value, normalized, to start a word of the context, so a
-      beginning that starts no word there cannot become one. Only ASCII beginnings are judged (their lower case
-      and spacing are those of any longer value that starts with them)."""
-    if not isinstance(schema, dict):
-        return False
-    if schema.get("type") == "boolean" and _members(schema, True) is None:
-        return not (supported(True, ctx, name, None, topic) or described(schema.get("description"), ctx, topic))
-    if written is None or not written.isascii() or _members(schema, written) is not None:
-        return False
-    v = norm_text(written)
-    return bool(v) and re.search(rf"(?<![a-z0-9]){re.escape(v)}", ctx) is None
-
-
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

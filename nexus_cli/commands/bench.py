@@ -2,8 +2,8 @@
 
 import typer
 
-from . import (bench_args, bench_cards, bench_cut, bench_deep_splice, bench_drafts, bench_l0, bench_latency,
-               bench_lso, bench_poisoning, bench_routing, bench_serve, bench_slb)
+from . import (bench_args, bench_cards, bench_deep_splice, bench_drafts, bench_l0, bench_latency, bench_lso,
+               bench_poisoning, bench_routing, bench_serve, bench_slb)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None)
 app.command("slb", help="INT8 SLB scan latency against NumPy baselines.")(bench_slb.command)
@@ -25,9 +25,6 @@ app.command("args", help="Argument fidelity and first-argument latency against f
 )
 app.command("drafts", help="Arguments decoded with drafted tokens verified in batches against one token at a time.")(
     bench_drafts.command
-)
-app.command("cut", help="Arguments with optional fields cut while written (the repairs would drop them) against written out.")(
-    bench_cut.command
 )
 app.command("l0", help="L0 exact-token radix arena: warm-hit rate and copy latency.")(bench_l0.command)
 app.command("serve", help="nexus serve under hostile clients: mixed bad frames, SIGTERM under load, memory.")(bench_serve.command)

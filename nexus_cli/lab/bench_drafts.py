@@ -42,58 +42,6 @@ def _paired_speedup(base: Sequence[float], cand: Sequence[float], n_boot: int, s
     return stats.bootstrap_ci(ratios, np.median, n_boot=n_boot, seed=seed, name="median-of-paired-ratios")
 
 
-def side_by_side(cs: Sequence[dict], by_key: dict, ctx: LlamaContext, arms: dict[str, dict],
-                 progress: Progress = NULL_PROGRESS) -> list[dict]:
-    """Each case's gold-tool arguments generated once per arm (arms: {name: generate_arguments keyword arguments},
-    two of them) from an empty context, the arms' order alternating from case to case (even cases: the first arm
-    first) so that a warm-up or a slow spell falls on both. One record per case: per arm the arguments (None when
-    not valid), validity, the call's time, draft counts, retries, the fields cut and each gold value's correctness;
-    `identical` when both arms' arguments are the same."""
-    names = list(arms)
-    per_case = []
-    for i, c in enumerate(cs):
-        key = f"{c['server']}/{c['tool']}"
-        spec = compile_tool(by_key[key])
-        rec = {"id": c.get("id"), "file": c["_file"], "tool": key}
-        for arm in (names if i % 2 == 0 else names[::-1]):
-            ctx.clear()
-            res = generate_arguments(ctx, spec, c["query"], c.get("history"), **arms[arm])
-            args = res.arguments if res.valid else None
-            gold, _ = gold_in_tool_names(c.get("arguments") or {}, spec.schema)
-            rec[arm] = {"arguments": args, "valid": res.valid, "ms": res.timings_ms["total"],
-                        "first_token_ms": res.timings_ms["first_token"], "drafted": res.drafted,
-                        "accepted": res.accepted, "retries": res.retries,
-                        "cut": res.cut,
-                        "correct": {k: (args is not None and k in args and values_equal(args[k], v))
-                                    for k, v in gold.items()}}
-        rec["identical"] = rec[names[0]]["arguments"] == rec[names[1]]["arguments"]
-        per_case.append(rec)
-        progress.advance(c.get("id", ""))
-    return per_case
-
-
-def compare_arms(per_case: list[dict], base: str, cand: str, n_boot: int, seed: int) -> dict:
-    """Both arms' accuracy, validity and median time, the paired speedup of cand over base, and the identical
-    share."""
-    n = len(per_case)
-
-    def arm_summary(arm: str, k: int) -> dict:
-        ms = [p[arm]["ms"] for p in per_case]
-        return {"specified_args": stats.wilson(sum(sum(p[arm]["correct"].values()) for p in per_case),
-                                               sum(len(p[arm]["correct"]) for p in per_case)),
-                "valid": stats.wilson(sum(1 for p in per_case if p[arm]["valid"]), n),
-                "ms": stats.median_ci(ms, n_boot, seed + k)}
-
-    return {
-        "n_cases": n,
-        "identical_arguments": stats.wilson(sum(1 for p in per_case if p["identical"]), n),
-        base: arm_summary(base, 1),
-        cand: arm_summary(cand, 2),
-        "speedup_paired": _paired_speedup([p[base]["ms"] for p in per_case],
-                                          [p[cand]["ms"] for p in per_case], n_boot, seed + 3),
-    }
-
-
 def run(
     cases: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     registry_dir: str | None = None,
@@ -117,15 +65,47 @@ def run(
     llm = load_model(model)
     ctx = LlamaContext(llm, n_ctx=4096, n_batch=512, n_seq_max=1)
     progress.set_total(len(cs))
+    per_case = []
     try:
-        per_case = side_by_side(cs, by_key, ctx, {"plain": {"drafting": False}, "drafted": {"drafting": True}},
-                                progress)
+        for i, c in enumerate(cs):
+            key = f"{c['server']}/{c['tool']}"
+            spec = compile_tool(by_key[key])
+            rec = {"id": c.get("id"), "file": c["_file"], "tool": key}
+            for drafting in ((False, True) if i % 2 == 0 else (True, False)):
+                ctx.clear()
+                res = generate_arguments(ctx, spec, c["query"], c.get("history"), drafting=drafting)
+                args = res.arguments if res.valid else None
+                gold, _ = gold_in_tool_names(c.get("arguments") or {}, spec.schema)
+                arm = "drafted" if drafting else "plain"
+                rec[arm] = {"arguments": args, "valid": res.valid, "ms": res.timings_ms["total"],
+                            "first_token_ms": res.timings_ms["first_token"], "drafted": res.drafted,
+                            "accepted": res.accepted, "retries": res.retries,
+                            "correct": {k: (args is not None and k in args and values_equal(args[k], v))
+                                        for k, v in gold.items()}}
+            rec["identical"] = rec["plain"]["arguments"] == rec["drafted"]["arguments"]
+            per_case.append(rec)
+            progress.advance(c.get("id", ""))
     finally:
         ctx.close()
+
+    n = len(per_case)
+
+    def arm_summary(arm: str, k: int) -> dict:
+        ms = [p[arm]["ms"] for p in per_case]
+        return {"specified_args": stats.wilson(sum(sum(p[arm]["correct"].values()) for p in per_case),
+                                               sum(len(p[arm]["correct"]) for p in per_case)),
+                "valid": stats.wilson(sum(1 for p in per_case if p[arm]["valid"]), n),
+                "ms": stats.median_ci(ms, n_boot, seed + k)}
+
     drafted = sum(p["drafted"]["drafted"] for p in per_case)
     accepted = sum(p["drafted"]["accepted"] for p in per_case)
     summary = {
-        **compare_arms(per_case, "plain", "drafted", n_boot, seed),
+        "n_cases": n,
+        "identical_arguments": stats.wilson(sum(1 for p in per_case if p["identical"]), n),
+        "plain": arm_summary("plain", 1),
+        "drafted": arm_summary("drafted", 2),
+        "speedup_paired": _paired_speedup([p["plain"]["ms"] for p in per_case],
+                                          [p["drafted"]["ms"] for p in per_case], n_boot, seed + 3),
         "draft_tokens": drafted,
         "draft_tokens_kept": accepted,
         "draft_kept_share": accepted / drafted if drafted else None,

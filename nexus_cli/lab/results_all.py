@@ -25,7 +25,6 @@ from ..output import progress as make_progress
 from . import (
     bench_args,
     bench_cards,
-    bench_cut,
     bench_deep_splice,
     bench_drafts,
     bench_l0,
@@ -47,8 +46,8 @@ SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
 LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
 LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl")]
-ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "cut",
-         "card-splice", "serve", "poisoning", *SECOND_FAMILY_SUITES,
+ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "card-splice",
+         "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]
 SERVE_QUICK = {"registry": str(REPO_ROOT / "tool_registries" / "github_like.json"), "clients": 8, "requests": 25,
                "embedder": "minilm"}
@@ -110,9 +109,6 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
         elif suite == "drafts":
             kw = dict(bench_drafts.QUICK, model=TEST_LLM) if quick else {}
             doc = bench_drafts.run(out_dir=str(out), quick=quick, progress=prog, **kw)
-        elif suite == "cut":
-            kw = dict(bench_cut.QUICK, model=TEST_LLM) if quick else {}
-            doc = bench_cut.run(out_dir=str(out), quick=quick, progress=prog, **kw)
         elif suite == "serve":
             doc = bench_serve.run(out_dir=str(out), progress=prog, **(SERVE_QUICK if quick else {}))
         elif suite == "poisoning":

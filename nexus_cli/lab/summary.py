@@ -226,21 +226,6 @@ def drafts(doc) -> list[str]:
             + (f" ({kept * 100:.0f} %)" if kept is not None else "") + " |"]
 
 
-def cut(doc) -> list[str]:
-    s = doc["summary"]
-    w, c = s["written_out"], s["cut"]
-    return [f"### Optional fields cut while written — {s['n_cases']} cases", "", f"_{_machine(doc)}_",
-            "", "| quantity | written out | cut |", "|---|---|---|",
-            f"| specified argument values right % | {_ci(w['specified_args'], 1, 100)} | "
-            f"{_ci(c['specified_args'], 1, 100)} |",
-            f"| valid argument objects % | {_ci(w['valid'], 1, 100)} | {_ci(c['valid'], 1, 100)} |",
-            f"| argument call ms (median) | {_ci(w['ms'], 0)} | {_ci(c['ms'], 0)} |",
-            f"| speedup (median of paired ratios) | | {_sp(s['speedup_paired'])} |",
-            f"| identical arguments % | | {_ci(s['identical_arguments'], 1, 100)} |",
-            f"| cases with a field cut | | {s['cases_with_a_cut']} ({s['fields_cut']} fields; "
-            f"{s['identical_where_cut']} of those cases identical) |"]
-
-
 def slb(doc) -> list[str]:
     rows = doc["summary"].get("sizes", [])
     out = ["### SLB scan (Table IV)", "", f"_{_machine(doc)}_", "", "| N | C++ µs p50 | Python FFI µs p50 | NumPy f32 µs p50 |",
@@ -410,8 +395,7 @@ def headline(out_dir: Path) -> str:
 
 
 SECTIONS = [("deep-splice", deep_splice), ("dkl", dkl), ("gate", gate), ("routing", routing),
-            ("routing-lso", routing_lso), ("args", args), ("drafts", drafts), ("cut", cut),
-            ("card-splice", card_splice), ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
+            ("routing-lso", routing_lso), ("args", args), ("drafts", drafts), ("card-splice", card_splice), ("slb", slb), ("latency", latency), ("l0", l0), ("poisoning", poisoning), ("serve", serve)]
 
 
 def render(out_dir: Path) -> str:

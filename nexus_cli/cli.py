@@ -89,6 +89,30 @@ def _click_exceptions():
     return exceptions
 
 
+_SKIP_TEARDOWN = False
+
+
+def skip_teardown() -> None:
+    """Asked by a command whose process has nothing left to do once its output is written (a one-shot `nexus route`
+    holding two loaded models): main() then ends the process as soon as the command returns, output flushed,
+    without the interpreter's teardown. Freeing the models there took ~0.1 s the operating system does anyway when
+    the process ends (`make demo`'s request: 0.24 s from the last line written to the process's end, 0.12 s
+    without). Nothing is left half-written: every file is written whole and renamed before a command returns."""
+    global _SKIP_TEARDOWN
+    _SKIP_TEARDOWN = True
+
+
+def _end(code: int) -> None:
+    if _SKIP_TEARDOWN:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed pipe: nothing more can reach it
+        os._exit(code)
+    sys.exit(code)
+
+
 def main() -> None:
     click = _click_exceptions()
 
@@ -98,7 +122,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        _end(e.exit_code)
     except typer.Abort:
         _fail("interrupted", None, 130)
     except click.ClickException as e:
@@ -119,6 +143,7 @@ def main() -> None:
         if os.environ.get("NEXUS_DEBUG") == "1":
             raise
         _fail(f"internal error: {type(e).__name__}: {e}", "rerun with NEXUS_DEBUG=1 for the traceback", 1)
+    _end(0)
 
 
 if __name__ == "__main__":

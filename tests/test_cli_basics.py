@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -93,3 +94,28 @@ def test_model_file_that_is_not_gguf_is_refused(tmp_path):
     bogus.write_bytes(b"NOPE" + b"\0" * 64)
     with pytest.raises(ModelError, match="not a GGUF file"):
         resolve_model(str(bogus))
+
+
+def test_a_one_shot_route_ends_its_process_right_after_its_output(tmp_path):
+    """A one-shot `nexus route` asks main() to end the process once its answer is written (cli.skip_teardown): the
+    answer reaches stdout whole, the exit status is the command's, and nothing after main() runs, not even atexit
+    handlers. A usage error still exits the ordinary way."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('ATEXIT', file=sys.stderr))\n"
+        "from nexus_cli import cli\n"
+        "sys.argv = ['nexus', 'route', 'open a PR', '--json', '--no-args', '--index', sys.argv[1]]\n"
+        "cli.main()\n"
+        "print('AFTER', file=sys.stderr)\n"
+    )
+    index = tmp_path / "index"
+    built = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", str(REPO / "tool_registries"), "--out",
+                            str(index)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    proc = subprocess.run([sys.executable, "-c", code, str(index)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tool"] and "ATEXIT" not in proc.stderr and "AFTER" not in proc.stderr
+    bad = subprocess.run([sys.executable, "-c", code.replace("'--no-args', ", "'--top-k', '0', "), str(index)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "ATEXIT" in bad.stderr and "AFTER" not in bad.stderr

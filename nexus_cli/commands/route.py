@@ -132,6 +132,9 @@ def route_command(
             emit_json(res.as_json())
         return
     res = router.route(query, history=hist, with_args=not no_args)
+    from ..cli import skip_teardown
+
+    skip_teardown()  # the answer is all this process has left to give (cli.skip_teardown)
     if as_json:
         emit_json(res.as_json())
     else:

@@ -18,6 +18,7 @@ def command(
     oneshot_requests: Optional[int] = typer.Option(None, "--oneshot-requests", help="Requests run as one-shot processes (default 8)."),
     oneshot_rounds: Optional[int] = typer.Option(None, "--oneshot-rounds", help="Rounds of one-shot processes (default 3)."),
     demo_rounds: Optional[int] = typer.Option(None, "--demo-rounds", help="Rounds of `make demo`'s request one-shot with arguments, each side once a round (default 5; 0 skips it)."),
+    demo_baseline_ref: Optional[str] = typer.Option(None, "--demo-baseline-ref", help="The commit whose `make demo` request is the demo's baseline (default 39f5b35; 'none' to skip)."),
     baseline_ref: Optional[str] = typer.Option(None, "--baseline-ref", help="The commit whose one-shot route is the baseline (default: the last one before the native scan step and encoder; 'none' to skip)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Request JSONL (default benchmarks/queries/routing.jsonl; only the text is used)."),
     registry_dir: Optional[str] = options.registry_dir(),
@@ -29,9 +30,11 @@ def command(
     from ..lab import bench_latency as stage  # lazy: `nexus --help` stays fast
 
     s = options.settings(dict(small=small, reps=reps, oneshot_requests=oneshot_requests, oneshot_rounds=oneshot_rounds,
-                              baseline_ref=baseline_ref, demo_rounds=demo_rounds), stage.DEFAULTS, quick, stage.QUICK)
-    if s["baseline_ref"] in ("none", ""):
-        s["baseline_ref"] = None
+                              baseline_ref=baseline_ref, demo_rounds=demo_rounds,
+                              demo_baseline_ref=demo_baseline_ref), stage.DEFAULTS, quick, stage.QUICK)
+    for k in ("baseline_ref", "demo_baseline_ref"):
+        if s[k] in ("none", ""):
+            s[k] = None
     for k in ("reps", "oneshot_requests", "oneshot_rounds"):
         if s[k] < 1:
             raise typer.BadParameter("must be at least 1", param_hint=f"--{k.replace('_', '-')}")
@@ -76,7 +79,8 @@ def render(doc: dict, console) -> None:
     d = s.get("demo")
     if d:
         base = d.get("baseline")
-        t.add_row("`make demo`'s request one-shot with arguments, wall (ms)", fmt_ci(d["product"]["wall"]["median_ci_ms"], 0),
+        t.add_row("`make demo`'s request one-shot with arguments, wall (ms)",
+                  fmt_ci(d["product"]["wall"]["median_ci_ms"], 0),
                   f"{d.get('baseline_ref')} {fmt_ci(base['wall']['median_ci_ms'], 0)}" if base else "—",
                   fmt_speedup(d.get("speedup")) if base else "—")
     console.print(t)

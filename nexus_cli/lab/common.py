@@ -25,6 +25,7 @@ from ..splice.compile import compile_registries
 # barrier wait makes every decode several times slower (measured 3x on the 2-core dev box under load); the passive
 # policy sleeps instead. It must be set before libgomp loads, i.e. before llama_cpp / torch are imported; it is
 # recorded in every results document (environment.threads_env) and can be overridden from the environment.
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # as the user's shell set it (None: not set)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEFAULT_REGISTRY_DIR = REPO_ROOT.parent / "shared" / "registries"

@@ -143,7 +143,8 @@ def main() -> None:
         if os.environ.get("NEXUS_DEBUG") == "1":
             raise
         _fail(f"internal error: {type(e).__name__}: {e}", "rerun with NEXUS_DEBUG=1 for the traceback", 1)
-    _end(0)
+    if _SKIP_TEARDOWN:
+        _end(0)
 
 
 if __name__ == "__main__":

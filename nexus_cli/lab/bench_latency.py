@@ -57,9 +57,8 @@ from ..registry import load_example_requests
 from ..routing.index import load_index
 from ..routing.router import Router, RouterConfig
 from ..routing.scoring import SCAN_K, dense_tool_scores, gate_margin, rank, request_scores, request_texts
-from . import bench_slb, stats
+from . import bench_slb, common, stats
 from .bench_routing import _index_for, pool_tools
-from . import common
 from .common import NULL_PROGRESS, registry_dir_default
 from .results import Run
 

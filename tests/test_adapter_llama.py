@@ -256,6 +256,36 @@ def test_drafted_generation_keeps_the_greedy_tokens_and_only_their_cells(ctx, sm
     assert drafted.tokens == short.tokens and drafted.stop == "max_tokens" and ctx.seq_pos_max(0) == cells
 
 
+def test_close_string_ends_the_string_being_written_at_the_next_token(ctx, smol):
+    """close_string asks for a closing quote: the next token begins with one (the grammar's choice among those), the
+    output still follows the grammar, what came before is the greedy output, and the sequence holds exactly the
+    prompt and the output, with or without drafts."""
+    grammar = 'root ::= "{\\"title\\": \\"" [a-zA-Z ]{1,40} "\\", \\"tag\\": \\"" [a-z]{1,10} "\\"}"'
+    prompt = smol.chat_tokens([{"role": "user", "content": "Make a JSON title for: The login button does nothing "
+                                                           "when clicked"}])
+    plain = ctx.generate(prompt, max_tokens=64, grammar=grammar)
+    first = json.loads(plain.text)
+    assert len(first["title"]) > 6
+
+    def in_title(out):  # the title has three or more characters and is still open
+        text = smol.detokenize(out)
+        return text.startswith('{"title": "') and '"' not in text[len('{"title": "'):] and len(text) >= 14
+
+    for draft in (None, lambda out: plain.tokens[len(out):len(out) + 3]):
+        res = ctx.generate(prompt, max_tokens=64, grammar=grammar, close_string=in_title, draft=draft)
+        answer = json.loads(res.text)
+        assert res.closed == 1 and set(answer) == {"title", "tag"}
+        assert first["title"].startswith(answer["title"]) and len(answer["title"]) < len(first["title"])
+        n = len(answer["title"]) + len('{"title": "')
+        assert smol.detokenize(res.tokens)[:n] == plain.text[:n]
+        assert smol.token_to_piece(res.tokens[[len(smol.detokenize(res.tokens[:i])) >= n
+                                               for i in range(len(res.tokens) + 1)].index(True)]).startswith(b'"')
+        assert ctx.seq_pos_max(0) == len(prompt) + len(res.tokens) - 1
+    # never asked: the plain greedy answer
+    assert ctx.generate(prompt, max_tokens=64, grammar=grammar, close_string=lambda out: False).tokens \
+        == plain.tokens
+
+
 def test_generate_reuses_a_warm_prefix(ctx, smol):
     prompt = smol.chat_tokens([{"role": "user", "content": "Say yes."}])
     cold = ctx.generate(prompt, max_tokens=6)

@@ -284,6 +284,52 @@ def test_smollm_end_to_end_valid_arguments(smollm):
         assert res.timings_ms["total"] >= res.timings_ms["first_token"] > 0 and res.prompt_tokens > 50
 
 
+def test_unbacked_beginning_only_where_no_longer_value_can_be_backed():
+    from nexus_cli.arguments.repairs import norm_text, unbacked_beginning
+
+    ctx = norm_text("open a pull request in acme/api titled Add login page")
+    text = {"type": "string"}
+    assert unbacked_beginning(text, "This", ctx)  # no word of the request starts with "this"
+    assert not unbacked_beginning(text, "Add lo", ctx)  # may still become "Add login page"
+    assert not unbacked_beginning(text, "log", ctx)  # "login" starts with it
+    assert unbacked_beginning(text, "Add logout", ctx)
+    assert not unbacked_beginning({"type": "string", "enum": ["This"]}, "This", ctx)  # members are judged otherwise
+    assert not unbacked_beginning({"type": "integer"}, "7", ctx)
+    assert not unbacked_beginning(text, "Äpfel", ctx)  # only ASCII beginnings are judged
+    assert not unbacked_beginning(text, "", ctx)
+
+
+def test_unbacked_string_watch_closes_optional_strings_the_drop_would_remove(smollm):
+    from nexus_cli.arguments.unbacked import UnbackedStringWatch, closable_fields
+
+    spec = compile_tool({t.name: t for t in load_registries([FORGE])}["create_pull_request"])
+    assert set(closable_fields(spec)) == {"body"}  # optional strings without an enum; required ones never
+    watch = UnbackedStringWatch(smollm.model, spec, "open a pull request in acme/api titled Add login page")
+
+    def says(text):
+        return watch(smollm.model.tokenize(text, parse_special=False))
+
+    assert not says('{"owner": "acme", "repo": "api", "title": "Zebra')  # a required field: never closed
+    assert not says('{"owner": "acme", "repo": "api", "title": "t", "body": "Add login')
+    assert not says('{"owner": "acme", "repo": "api", "title": "t", "body')  # a key, not a value
+    assert not says('{"owner": "acme", "repo": "api", "title": "t", "body": "a\\')  # inside an escape
+    assert says('{"owner": "acme", "repo": "api", "title": "t", "body": "This')
+    assert watch.closed == ["body"]
+
+
+@pytest.mark.slow
+def test_closing_unbacked_strings_keeps_the_arguments_and_saves_their_tokens(smollm):
+    """SmolLM2 makes up an issue's body: closed early, the answer is shorter and the arguments kept are the same."""
+    spec = compile_tool({t.name: t for t in load_registries([FORGE])}["create_issue"])
+    query = "file a bug in acme/api titled Login button broken"
+    out = generate_arguments(smollm, spec, query, close_unbacked=False, drafting=False)
+    closed = generate_arguments(smollm, spec, query, close_unbacked=True, drafting=False)
+    assert out.closed == [] and "body" in out.dropped and len(json.loads(out.raw)["body"]) > 10
+    assert closed.closed == ["body"] and "body" in closed.dropped and len(closed.raw) < len(out.raw)
+    assert closed.valid and closed.arguments == out.arguments
+    assert not generate_arguments(smollm, spec, query, post_process=False).closed  # nothing would drop it there
+
+
 @pytest.mark.slow
 def test_tool_prefixes_kept_in_memory_and_on_disk_give_the_same_answer(smollm, tmp_path):
     """ArgumentPrefixes: without history the prompt up to the end of the tool's block is the same for every call of

@@ -189,6 +189,7 @@ class GenerationResult:
     grammar_rejections: steps at which the grammar rejected the unconstrained greedy choice, so the whole
     vocabulary was masked (lazy grammar; 0 without a grammar or with it in the sampler chain).
     drafted / accepted: draft tokens verified and kept (greedy decoding with a `draft`; 0 without).
+    closed: the steps at which `close_string` had a JSON string closed early.
     """
 
     text: str
@@ -201,6 +202,7 @@ class GenerationResult:
     grammar_rejections: int = 0
     drafted: int = 0  # draft tokens decoded for verification (generate's `draft`)
     accepted: int = 0  # of those, the ones greedy decoding picked (each one a decode step saved)
+    closed: int = 0  # strings closed early at close_string's request
 
 
 class LlamaModel:
@@ -423,6 +425,28 @@ class _GrammarCheck:
         if not math.isfinite(float(self._all["logit"][best])):
             raise ModelError("the grammar allows no token at this point of the output")
         return int(self._all["id"][best])
+
+    def closing(self, model: "LlamaModel", idx: int = -1) -> int | None:
+        """The best token at output `idx` (logit bias applied) that begins with a double quote and that the grammar
+        allows, or None when it allows none: inside a JSON string, the token that closes it (`",`, `"}`, ...).
+        Candidates are tried from the highest logit down; a closing token is usually among the first hundred."""
+        L = self._L
+        logits = np.array(np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, idx), shape=(self._n_vocab,)))
+        if self._bias is not None:
+            ids, vals = self._bias
+            np.add.at(logits, ids, vals)
+        for tok in np.argsort(-logits, kind="stable"):
+            tok = int(tok)
+            if not math.isfinite(float(logits[tok])):
+                break
+            if not model.token_to_piece(tok, special=False).startswith(b'"'):
+                continue
+            self._one.id, self._one.logit, self._one.p = tok, 0.0, 0.0
+            self._one_arr.size, self._one_arr.selected, self._one_arr.sorted = 1, -1, False
+            L.llama_sampler_apply(self._g, ctypes.byref(self._one_arr))
+            if math.isfinite(self._one.logit):
+                return tok
+        return None
 
 
 class LlamaContext:
@@ -785,6 +809,7 @@ class LlamaContext:
         deadline: float | None = None,
         draft: Callable[[Sequence[int]], Sequence[int]] | None = None,
         max_draft: int = DEFAULT_MAX_DRAFT,
+        close_string: Callable[[Sequence[int]], bool] | None = None,
     ) -> GenerationResult:
         """Generate up to `max_tokens` tokens after `prompt_tokens`, optionally constrained by a GBNF grammar.
 
@@ -816,6 +841,11 @@ class LlamaContext:
         batch of several tokens runs other matrix kernels than one token (`nexus bench drafts` counts the answers
         that differ). A batch of 4 tokens costs ~1.5x one (Qwen2.5-1.5B, 2 cores), so a draft pays when it is
         mostly right.
+
+        close_string (greedy, with a grammar): called with the tokens generated so far after each one; True makes
+        the next token the best one the grammar allows among those that begin with a double quote, so that a JSON
+        string being written closes there (the caller's judgement that the rest of the value is not needed). When
+        the grammar allows no such token the choice is the usual one. No draft is decoded at that step.
 
         Returns GenerationResult(text, tokens, n_prompt, t_first_token_ms, t_total_ms, stop)."""
         L = _lib()
@@ -860,12 +890,19 @@ class LlamaContext:
             drafting = draft is not None and greedy and max_draft > 0
             idx = -1  # the output of the last decode whose logits give the next token
             pending: list[int] = []  # draft tokens decoded after output idx, not verified yet
-            drafted = accepted = 0
+            drafted = accepted = closed = 0
+            closing = close_string is not None and check is not None
+            close_next = False  # close_string asked for a closing quote at this step
             while len(out) < max_tokens:  # (the end is also checked after each token, to stop before a decode)
                 ts = time.perf_counter()
-                tok = int(L.llama_sampler_sample(chain, self._ctx, idx))
-                if check is not None:
-                    tok = check.constrain(tok, idx)
+                forced = check.closing(self.model, idx) if close_next else None
+                if forced is not None:
+                    tok = forced
+                    closed += 1
+                else:
+                    tok = int(L.llama_sampler_sample(chain, self._ctx, idx))
+                    if check is not None:
+                        tok = check.constrain(tok, idx)
                 if t_first is None:
                     t_first = time.perf_counter()
                 in_cache = bool(pending) and tok == pending[0]  # a verified draft token: its cell is kept
@@ -892,12 +929,13 @@ class LlamaContext:
                         self.seq_rm(seq_id, start_pos + len(prompt_tokens) + len(out) - 1, -1)
                     per_token.append((time.perf_counter() - ts) * 1e3)
                     break
+                close_next = closing and close_string(out)
                 if in_cache:
                     idx += 1  # the next token's logits are the next output of the same batch
                     per_token.append((time.perf_counter() - ts) * 1e3)
                     continue
                 guess: list[int] = []
-                if drafting:
+                if drafting and not close_next:
                     for t in draft(out):
                         if len(guess) >= max_draft or L.llama_vocab_is_eog(vocab, int(t)):
                             break
@@ -928,6 +966,7 @@ class LlamaContext:
             grammar_rejections=check.rejections if check is not None else 0,
             drafted=drafted,
             accepted=accepted,
+            closed=closed,
         )
 
     # -- lifetime

@@ -7,6 +7,8 @@ turn with the pruned history window (recent turns verbatim, tool payloads as dig
 short inline descriptions, and the request.
 
 Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
+An optional string the drop of unsupported fields is certain to remove is closed as soon as that is certain
+(arguments/unbacked.py): the model writes its closing quote and goes on, and the rest of the value is never decoded.
 String values are bounded by the length of the request + history window (a value longer than its only possible
 source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out of tokens
 before its JSON closes, or that fails validation, is retried over tighter grammars (RETRY_GRAMMARS): first the
@@ -51,6 +53,7 @@ from .repairs import (
     stated_optional_keys,
     supported,
 )
+from .unbacked import UnbackedStringWatch
 
 DEFAULT_MAX_TOKENS = 256
 LONGER_LISTS_PASS = True  # a second pass for a list the answer closed after one item
@@ -60,6 +63,9 @@ TIGHT_STRING_MAX = 64  # the string bound of the retries over the tighter gramma
 FIRST_ANSWER_SHARE = 2 / 3  # of the time limit the first answer may use; the rest is kept for the retries
 DRAFTING = True  # greedy decoding verifies drafted tokens in batches (arguments/drafts.py); False: one at a time
 RETRY_GRAMMARS = ("tight", "required-first")  # tried in this order after a first answer that failed
+# an optional string the drop is certain to remove is closed as soon as that is certain (arguments/unbacked.py);
+# False writes every value to its end
+CLOSE_UNBACKED = True
 
 
 @dataclass
@@ -76,6 +82,7 @@ class ArgsResult:
     retries: list[str] = field(default_factory=list)  # the RETRY_GRAMMARS generated after the first answer failed
     drafted: int = 0  # draft tokens verified over the call's generations (arguments/drafts.py)
     accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
+    closed: list[str] = field(default_factory=list)  # optional strings closed early (also among `dropped`)
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -125,19 +132,27 @@ class PromptCache:
 
 class _Generations:
     """The greedy generations of one call on one sequence, each drafted (ArgumentDrafter over the grammar's schema
-    and the text values come from) when drafting is on; counts the draft tokens verified and kept."""
+    and the text values come from) when drafting is on, and with the optional strings the drop is certain to remove
+    closed early (UnbackedStringWatch) when `close_spec` is the tool; counts the draft tokens verified and kept and
+    the fields closed."""
 
-    def __init__(self, ctx: Any, seq_id: int, source: str, drafting: bool):
+    def __init__(self, ctx: Any, seq_id: int, source: str, drafting: bool, close_spec: ToolSpec | None = None):
         self.ctx, self.seq_id, self.source, self.drafting = ctx, seq_id, source, drafting
+        self.close_spec = close_spec
         self.drafted = self.accepted = 0
+        self.closed: list[str] = []
 
     def __call__(self, tokens: Sequence[int], start_pos: int, grammar: str, schema: Any, max_tokens: int,
                  deadline: float | None = None):
         draft = ArgumentDrafter(self.ctx.model, schema, self.source) if self.drafting else None
+        watch = UnbackedStringWatch(self.ctx.model, self.close_spec, self.source) \
+            if self.close_spec is not None else None
         res = self.ctx.generate(tokens, max_tokens=max_tokens, grammar=grammar, temperature=0.0, seq_id=self.seq_id,
-                                start_pos=start_pos, deadline=deadline, draft=draft)
+                                start_pos=start_pos, deadline=deadline, draft=draft, close_string=watch or None)
         self.drafted += res.drafted
         self.accepted += res.accepted
+        if watch:
+            self.closed += [k for k in watch.closed if k not in self.closed]
         return res
 
 
@@ -292,7 +307,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        seq_id: int = 0, prefixes: ArgumentPrefixes | None = None,
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
-                       window_size: tuple[int, int] | None = None, drafting: bool | None = None) -> ArgsResult:
+                       window_size: tuple[int, int] | None = None, drafting: bool | None = None,
+                       close_unbacked: bool | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -302,6 +318,8 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     the whole call (None: only max_tokens bounds it). window_size: (messages, characters) of the history window
     (prompt.build_messages; the default is the product's). drafting: verify drafted tokens in batches
     (arguments/drafts.py; False decodes one token at a time, the baseline of `nexus bench drafts`; None: DRAFTING).
+    close_unbacked: close optional strings the drop would remove as soon as that is certain (arguments/unbacked.py;
+    False writes them out; None: CLOSE_UNBACKED; never without post_process, which is what removes them).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -328,7 +346,9 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
     gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     source = source_text(query, window)
-    gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting)
+    closing = (CLOSE_UNBACKED if close_unbacked is None else close_unbacked) and post_process
+    gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting,
+                       close_spec=spec if closing else None)
     res = gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=first_deadline)
     cache.kept(ctx, tokens, res.tokens, seq_id)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms
@@ -384,4 +404,5 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                                    "arguments either"]
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
-                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted)
+                      messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted,
+                      gen.closed)

@@ -182,6 +182,20 @@ def drop_unsupported(args: dict, spec: ToolSpec, context: str) -> tuple[dict, li
     return out, dropped
 
 
+def unbacked_beginning(schema: Any, written: str, ctx: str) -> bool:
+    """Is an optional top-level string field certain to be removed by drop_unsupported (_prune), whatever the rest of
+    its value, once the value's beginning `written` (decoded, without its opening quote) is written? `ctx` as _prune
+    reads it (norm_text). `supported` needs the whole value, normalized, to be a word-bounded part of the context, so
+    a beginning that starts no word there cannot become one. Only string fields without an enum, and only ASCII
+    beginnings (their lower case and spacing are those of any longer value that starts with them)."""
+    if not isinstance(schema, dict) or schema.get("type") != "string" or _members(schema, written) is not None:
+        return False
+    if not written.isascii():
+        return False
+    v = norm_text(written)
+    return bool(v) and re.search(rf"(?<![a-z0-9]){re.escape(v)}", ctx) is None
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

@@ -246,3 +246,49 @@ def test_recomputing_every_block_token_in_place_is_a_full_prefill():
     bound = 2 * max(floor, layout, 1e-4)
     assert kls["head"] <= bound and kls["scattered"] <= bound, (kls, floor, layout)
     assert kls["bare"] > bound, (kls, floor, layout)  # the block never saw the history: the repair had work to do
+
+
+@needs_smollm
+def test_deep_splice_resumes_a_stopped_run_where_it_stopped(tmp_path, monkeypatch):
+    """A run stopped after its first depth keeps that depth on disk; the same run started again measures only the
+    second, lists both segments and removes its checkpoint. --fresh, another setting or a dirty tree start over."""
+    from nexus_cli.lab import bench_deep_splice as stage
+    from nexus_cli.lab import results
+    from nexus_cli.lab.common import Progress
+
+    monkeypatch.setattr(results, "git_info", lambda: {"sha": "f" * 40, "short": "ffffffff", "dirty": False})
+    seen: list[str] = []
+
+    def stop_at_second_depth(desc):
+        seen.append(desc)
+        if desc.startswith("depth 192"):
+            raise KeyboardInterrupt
+
+    settings = dict(model="smollm2-135m", ks=[4.0], depths=[160, 192], trials=1, out_dir=str(tmp_path),
+                    registry_dir=str(REGISTRIES), n_boot=50)
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(**settings, progress=Progress(on_advance=stop_at_second_depth))
+    partial = tmp_path / "deep-splice" / ".partial-smollm2-135m.json"
+    kept = json.loads(partial.read_text())
+    assert set(kept["samples"]) == {"d160"} and len(kept["segments"]) == 1
+
+    seen.clear()
+    doc = stage.run(**settings, progress=Progress(on_advance=seen.append))
+    assert seen[:2] == ["depth 160 (kept from an earlier segment)"] * 2 and seen[2:] == ["depth 192"] * 2
+    assert doc["samples"]["d160"] == kept["samples"]["d160"]
+    assert set(doc["summary"]["cells"]) == {"K4/d160", "K4/d192"} and len(doc["summary"]["segments"]) == 2
+    assert any(n.startswith("resumed: 1 depth(s)") for n in doc["notes"]) and not partial.exists()
+
+    # what is kept is used only by the same run: not with --fresh, other settings, or from a dirty tree
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(**settings, progress=Progress(on_advance=stop_at_second_depth))
+    for kwargs in ({"fresh": True}, {"trials": 2}):
+        seen.clear()
+        with pytest.raises(KeyboardInterrupt):
+            stage.run(**{**settings, **kwargs}, progress=Progress(on_advance=stop_at_second_depth))
+        assert not any("kept" in d for d in seen)
+    partial.unlink()
+    monkeypatch.setattr(results, "git_info", lambda: {"sha": "f" * 40, "short": "ffffffff", "dirty": True})
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(**settings, progress=Progress(on_advance=stop_at_second_depth))
+    assert not partial.exists()

@@ -22,6 +22,8 @@ def command(
     seed: int = options.seed("Seed of the bootstrap and of the K order."),
     quick: bool = options.quick("CI smoke run: SmolLM2, depth 256, 3 trials (unless given)."),
     out: str = options.results_out("deep-splice"),
+    fresh: bool = typer.Option(False, "--fresh", help="Measure every depth again, ignoring what a stopped run of "
+                                                     "the same settings kept (it resumes by default)."),
     as_json: bool = options.as_json(),
 ) -> None:
     from ..lab import bench_deep_splice as stage  # lazy: `nexus --help` stays fast
@@ -31,7 +33,7 @@ def command(
     with stage_progress("deep-splice") as prog:
         doc = stage.run(model=s["model"], ks=k or None, depths=s["depths"], trials=s["trials"], tool=tool,
                         registry_dir=registry_dir, flash_attn=flash_attn, seed=seed, out_dir=out, quick=quick,
-                        progress=prog)
+                        progress=prog, fresh=fresh)
     finish(doc, as_json, render)
 
 

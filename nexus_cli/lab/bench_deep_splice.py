@@ -19,6 +19,13 @@ Every timed span ends when the next-token logits are available (TTFT without sam
 first. Speedups: cold = median(t_cold_prefill) / median(t_cold_splice) (the paper's baseline: both paths start from an
 empty cache); warm = median(t_warm_prefill) / median(t_warm_splice) (the agent's steady state). Intervals: see stats.py.
 
+Resume: after each depth its samples, the K-order generator's state and the run's segments so far are kept in
+`<out>/deep-splice/.partial[-<variant>].json` (written atomically). A run started again with the same parameters, on
+the same commit of a clean tree and the same model file, measures only the depths that file lacks; a file of other
+settings is replaced by this run's (`fresh=True` ignores a matching one too). A dirty tree's run keeps nothing. The
+results file lists each segment (start, seconds, load average at its start and end), and the checkpoint goes once
+the results are written.
+
 Fidelity per cell: KL = D_KL(p_ref || p_splice) of the next-token distribution after the query, p_ref from the warm
 baseline; top-1 = argmax agreement; floor = D_KL(p_ref || p_split) where p_split decodes the same text in two calls
 (schema, then query): the numerical noise of batching alone. KL is deterministic per cell; each trial's value is
@@ -31,6 +38,7 @@ import time
 
 import numpy as np
 
+from .. import files
 from ..adapters.llama import kl_divergence, load_model
 from ..config import DEFAULT_LLM, TEST_LLM
 from ..splice.engine import Schedule, SpliceEngine, recompute_tokens
@@ -38,7 +46,7 @@ from ..splice.fidelity import filler_tokens, query_tokens
 from ..splice.render import prefix_tokens
 from . import stats
 from .common import DEFAULT_TOOL, NULL_PROGRESS, Progress, compile_block, context, find_tool
-from .results import Run, model_identity, model_variant
+from .results import Run, model_identity, model_variant, suite_dir, to_jsonable
 
 SUITE = "deep-splice"
 DEFAULTS = dict(model=DEFAULT_LLM, ks=[4.0, 16.0], depths=[256, 512, 1024, 2048], trials=15, tool=DEFAULT_TOOL,
@@ -72,6 +80,7 @@ def run(
     quick: bool = False,
     progress: Progress = NULL_PROGRESS,
     write: bool = True,
+    fresh: bool = False,
 ) -> dict:
     ks = [float(k) for k in (ks or DEFAULTS["ks"])]
     depths = [int(d) for d in (depths or DEFAULTS["depths"])]
@@ -91,14 +100,24 @@ def run(
     q = query_tokens(llm, None)
     rng = np.random.default_rng(seed)
 
-    progress.set_total(len(depths) * (trials + 1))
-    cells: dict[str, dict] = {}
-    samples: dict[str, dict] = {}
     for depth in depths:
         if depth <= m0:
             raise ValueError(f"depth {depth} must exceed the compile prefix ({m0} tokens)")
+    progress.set_total(len(depths) * (trials + 1))
+    cells: dict[str, dict] = {}
+    samples: dict[str, dict] = {}
+    checkpoint = _Checkpoint(out_dir, run_, write and not fresh) if write else None
+    done = checkpoint.resume(rng) if checkpoint is not None else {}
+    for depth in depths:
         hist = prefix + filler_tokens(llm, depth - m0)
         n_past = len(hist)
+        if f"d{depth}" in done:  # measured by an earlier segment of this run
+            raw = done[f"d{depth}"]
+            samples[f"d{depth}"] = raw
+            cells.update(_depth_cells(depth, raw, ks, n_past, S, len(q), n_boot, seed))
+            for _ in range(trials + 1):
+                progress.advance(f"depth {depth} (kept from an earlier segment)")
+            continue
         ctx = context(llm, n_past + S + len(q) + 8, flash_attn)
         try:
             engine = SpliceEngine(ctx)
@@ -157,46 +176,117 @@ def run(
                         r["kl"].append(kl_divergence(ref, splice_logits[k]))
                         r["top1"].append(bool(int(np.argmax(ref)) == int(np.argmax(splice_logits[k]))))
                 progress.advance(f"depth {depth}")
-            floor = float(max(raw["floor_kl"]))
-            cold_b, warm_b = raw["cold_prefill_ms"], raw["warm_prefill_ms"]
-            for k in ks:
-                r = raw[f"K{_kkey(k)}"]
-                key = f"K{_kkey(k)}/d{depth}"
-                top1_ok = sum(r["top1"])
-                cell = {
-                    "K": k, "depth": depth, "n_past": n_past, "S": S, "Q": len(q), "R_pct": pcts[k],
-                    "recomputed_tokens": r["recomputed_tokens"] if r["recomputed_tokens"] is not None
-                    else recompute_tokens(S, pcts[k]),
-                    "cold": {
-                        "prefill_ms": stats.median_ci(cold_b, n_boot, seed),
-                        "splice_ms": stats.median_ci(r["cold_splice_ms"], n_boot, seed + 1),
-                        "speedup": stats.speedup_ci(cold_b, r["cold_splice_ms"], n_boot, seed + 2),
-                    },
-                    "warm": {
-                        "prefill_ms": stats.median_ci(warm_b, n_boot, seed + 3),
-                        "splice_ms": stats.median_ci(r["warm_splice_ms"], n_boot, seed + 4),
-                        "speedup": stats.speedup_ci(warm_b, r["warm_splice_ms"], n_boot, seed + 5),
-                    },
-                    "splice_overhead_ms": stats.median_ci(r["overhead_ms"], n_boot, seed + 6),
-                    "kl_max": float(max(r["kl"])),
-                    "kl_median": float(np.median(r["kl"])),
-                    "top1": stats.wilson(top1_ok, len(r["top1"])),
-                    "top1_all": top1_ok == len(r["top1"]),
-                    "floor_kl": floor,
-                    "kl_at_or_below_floor": float(max(r["kl"])) <= floor,
-                }
-                pk = PAPER.get((int(k), depth)) if float(k).is_integer() else None
-                if pk:
-                    cell["paper"] = dict(zip(("R_pct", "prefill_ms", "splice_ms", "speedup", "lo", "hi"), pk))
-                cells[key] = cell
+            cells.update(_depth_cells(depth, {**raw, "k_order": order_log}, ks, n_past, S, len(q), n_boot, seed))
             samples[f"d{depth}"] = {**raw, "k_order": order_log}
+            if checkpoint is not None:
+                checkpoint.keep(samples, rng)
         finally:
             ctx.close()
 
     summary = {"cells": cells, "targets": _targets(cells), "m0": m0, "S": S, "Q": len(q), "tool": tool}
     if not write:
         return run_.document(summary, samples)
-    return run_.write(summary, samples, out_dir=out_dir, figure=lambda plt: figure(plt, cells))
+    summary["segments"] = checkpoint.segments()
+    doc = run_.write(summary, samples, out_dir=out_dir, figure=lambda plt: figure(plt, cells))
+    checkpoint.remove()
+    return doc
+
+
+def _depth_cells(depth: int, raw: dict, ks: list[float], n_past: int, S: int, Q: int, n_boot: int,
+                 seed: int) -> dict[str, dict]:
+    """The cells of one depth (one per K) from its raw samples."""
+    cells = {}
+    floor = float(max(raw["floor_kl"]))
+    cold_b, warm_b = raw["cold_prefill_ms"], raw["warm_prefill_ms"]
+    for k in ks:
+        pct = Schedule(k=k).pct(n_past)
+        r = raw[f"K{_kkey(k)}"]
+        key = f"K{_kkey(k)}/d{depth}"
+        top1_ok = sum(r["top1"])
+        cell = {
+            "K": k, "depth": depth, "n_past": n_past, "S": S, "Q": Q, "R_pct": pct,
+            "recomputed_tokens": r["recomputed_tokens"] if r["recomputed_tokens"] is not None
+            else recompute_tokens(S, pct),
+            "cold": {
+                "prefill_ms": stats.median_ci(cold_b, n_boot, seed),
+                "splice_ms": stats.median_ci(r["cold_splice_ms"], n_boot, seed + 1),
+                "speedup": stats.speedup_ci(cold_b, r["cold_splice_ms"], n_boot, seed + 2),
+            },
+            "warm": {
+                "prefill_ms": stats.median_ci(warm_b, n_boot, seed + 3),
+                "splice_ms": stats.median_ci(r["warm_splice_ms"], n_boot, seed + 4),
+                "speedup": stats.speedup_ci(warm_b, r["warm_splice_ms"], n_boot, seed + 5),
+            },
+            "splice_overhead_ms": stats.median_ci(r["overhead_ms"], n_boot, seed + 6),
+            "kl_max": float(max(r["kl"])),
+            "kl_median": float(np.median(r["kl"])),
+            "top1": stats.wilson(top1_ok, len(r["top1"])),
+            "top1_all": top1_ok == len(r["top1"]),
+            "floor_kl": floor,
+            "kl_at_or_below_floor": float(max(r["kl"])) <= floor,
+        }
+        pk = PAPER.get((int(k), depth)) if float(k).is_integer() else None
+        if pk:
+            cell["paper"] = dict(zip(("R_pct", "prefill_ms", "splice_ms", "speedup", "lo", "hi"), pk))
+        cells[key] = cell
+    return cells
+
+
+class _Checkpoint:
+    """The depths a run has measured so far, kept on disk so that a stopped run goes on where it stopped (module
+    doc, "Resume"). It matches only the same parameters, seed, models and commit of a clean tree."""
+
+    def __init__(self, out_dir: str, run_: Run, use: bool):
+        folder = suite_dir(out_dir, SUITE)
+        self.path = folder / (".partial.json" if run_.variant is None else f".partial-{run_.variant}.json")
+        self.run = run_
+        self.use = use
+        git = run_.git_start or {}
+        self.key = to_jsonable({"params": run_.params, "seed": run_.seed, "models": run_.models,
+                                "git": git.get("sha"), "clean": git.get("dirty") is False})
+        self.earlier: list[dict] = []
+
+    def resume(self, rng: np.random.Generator) -> dict:
+        """The samples of the depths an earlier segment measured ({} when there is no matching checkpoint); `rng`
+        is set to where that segment left it."""
+        if not (self.use and self.key["clean"] and self.path.is_file()):
+            return {}
+        try:
+            import json  # noqa: PLC0415
+
+            kept = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if kept.get("key") != self.key:
+            return {}
+        rng.bit_generator.state = kept["rng_state"]
+        self.earlier = list(kept.get("segments") or [])
+        self.run.note(f"resumed: {len(kept['samples'])} depth(s) measured by {len(self.earlier)} earlier "
+                      "segment(s) of this run (summary.segments)")
+        return kept["samples"]
+
+    def _segment(self) -> dict:
+        import os  # noqa: PLC0415
+
+        return {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.run.started)),
+                "wall_s": round(time.perf_counter() - self.run._t0, 3), "loadavg_1m_start": self.run.load_start,
+                "loadavg_1m_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+    def segments(self) -> list[dict]:
+        return self.earlier + [self._segment()]
+
+    def keep(self, samples: dict, rng: np.random.Generator) -> None:
+        if not self.key["clean"]:
+            return  # a dirty tree's run cannot be told from another edit's: never resumed
+        files.atomic_write_json(self.path, to_jsonable({
+            "key": self.key, "samples": samples, "rng_state": rng.bit_generator.state,
+            "segments": self.segments()}))
+
+    def remove(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _targets(cells: dict) -> dict:

@@ -26,7 +26,7 @@ def test_order_covers_every_suite():
     assert results_all.ORDER == ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args",
                                  "drafts", "card-splice", "serve", "poisoning",
                                  "deep-splice:smollm2-135m", "dkl:smollm2-135m", "gate:smollm2-135m",
-                                 "gate:qwen2.5-1.5b", "dkl:qwen2.5-1.5b"]
+                                 "gate:qwen2.5-1.5b", "dkl:qwen2.5-1.5b", "deep-splice:qwen2.5-1.5b"]
     from nexus_cli.lab import summary as results_summary
 
     base = {s.partition(":")[0] for s in results_all.ORDER}

@@ -4,8 +4,9 @@
 
 Full: the main model (qwen2.5-0.5b) with the paper's parameters, into results/, then the fidelity suites again on a
 second model family with the other RoPE type (SmolLM2-135M, NORM; `deep-splice:smollm2-135m`, ..., written as that
-suite's variant: results/<suite>/latest-smollm2-135m.json), and the gate and dkl sweeps on the arguments model,
-Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`; `args` and `drafts` run on it by default). Quick: the CI smoke variant of each
+suite's variant: results/<suite>/latest-smollm2-135m.json), and the gate and dkl sweeps and deep splice on the
+arguments model, Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`, `deep-splice:qwen2.5-1.5b`; `args` and
+`drafts` run on it by default). Quick: the CI smoke variant of each
 suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), into .nexus/results-quick/ so the
 committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
 exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
@@ -45,7 +46,7 @@ SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
 LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
-LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl")]
+LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl", "deep-splice")]
 ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "card-splice",
          "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]

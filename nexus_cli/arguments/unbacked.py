@@ -72,5 +72,6 @@ class UnbackedStringWatch:
         written = _whole_string(text[scan.string_start:])
         if written is None or not unbacked_beginning(schema, written, self.ctx):
             return False
-        self.closed.append(key)
+        if key not in self.closed:  # asked again while the grammar allows no closing quote yet
+            self.closed.append(key)
         return True

@@ -34,6 +34,8 @@ kept in the samples and the maximum is reported.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import numpy as np
@@ -252,8 +254,6 @@ class _Checkpoint:
         if not (self.use and self.key["clean"] and self.path.is_file()):
             return {}
         try:
-            import json  # noqa: PLC0415
-
             kept = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
@@ -266,8 +266,6 @@ class _Checkpoint:
         return kept["samples"]
 
     def _segment(self) -> dict:
-        import os  # noqa: PLC0415
-
         return {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.run.started)),
                 "wall_s": round(time.perf_counter() - self.run._t0, 3), "loadavg_1m_start": self.run.load_start,
                 "loadavg_1m_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

@@ -8,6 +8,7 @@ costs nothing and `nexus --help` stays fast. Every status is checked with `check
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from pathlib import Path
@@ -174,10 +175,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     sig("nexus_slb_scan_tool_scores", i32, vp, vp, vp, i64, i32, fl, vp)
     # int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts,
     #                                const int64_t *tool_offsets, int64_t n_tools, int32_t floor_k, float base,
-    #                                const int64_t *const *token_docs, const double *const *token_terms,
-    #                                const int64_t *token_counts, const int64_t *token_offsets, double lex_weight,
-    #                                double *out);
-    sig("nexus_slb_scan_request", i32, vp, vp, i32, vp, i64, i32, fl, vp, vp, vp, vp, db, vp)
+    #                                const nexus_postings *const *tokens, const int64_t *token_offsets,
+    #                                double lex_weight, double *out);
+    sig("nexus_slb_scan_request", i32, vp, vp, i32, vp, i64, i32, fl, vp, vp, db, vp)
     # int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
     #                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
     sig("nexus_slb_scan_topk_timed", i32, vp, vp, fl, i32, i32, i32, vp)
@@ -290,6 +290,11 @@ def bytes_at(addr: int, nbytes: int):
     return (ctypes.c_uint8 * nbytes).from_address(addr)
 
 
+def u64_cells(array):
+    """ctypes uint64 cells over a writable uint64 NumPy array's memory (a Python list is stored into them faster)."""
+    return (ctypes.c_uint64 * array.size).from_buffer(array)
+
+
 def u8_pointer(addr: int):
     """A `uint8_t *` (ctypes POINTER(c_uint8)) at addr, the argument type of llama_state_seq_set_data."""
     return ctypes.cast(addr, ctypes.POINTER(ctypes.c_uint8))
@@ -310,6 +315,8 @@ class FastCall:
         self._fn = lib()[name]  # __getitem__ gives a new function object: its own (empty) argtypes
         self._fn.restype = ctypes.c_int32
         self._args = args
+        # the bound call itself, for the hottest paths: returns the status, which the caller passes to check()
+        self.status = functools.partial(self._fn, *args)
 
     def __call__(self) -> None:
         st = self._fn(*self._args)

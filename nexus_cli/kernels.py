@@ -260,6 +260,7 @@ class SlbScanner:
             "nexus_slb_scan_topk", self.prepared.handle, _native.voidp(_ptr(self.query)), self._scale,
             _native.c_i32(self.k), _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)),
             _native.ref(self._n_out))
+        self._status = self._call.status
 
     def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -267,11 +268,10 @@ class SlbScanner:
         except (TypeError, ValueError):
             raise UsageError(f"query must be an int8 array of {self.dim} values") from None
         self._scale.value = query_scale
-        self._call()
-        m = self._n_out.value
-        if m == self.k:
-            return self._idx, self._scores
-        return self._idx[:m], self._scores[:m]
+        st = self._status()
+        if st:
+            _native.check(st)
+        return self._idx, self._scores  # the scan writes min(k, n) = self.k results
 
 
 def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale: float, n_warmup: int,
@@ -297,6 +297,16 @@ def slb_floor_timed(scanner: "SlbScanner", n_warmup: int, n_reps: int) -> tuple[
     _native.check(_native.lib().nexus_slb_floor_timed(scanner.prepared.handle, int(n_warmup), int(n_reps),
                                                       _ptr(read), _ptr(dots)))
     return read, dots
+
+
+def postings_record(docs: np.ndarray, terms: np.ndarray) -> np.ndarray:
+    """One token's BM25 postings as nexus_slb_scan_request reads them (struct nexus_postings: the address of its
+    tools, int64; of their term scores, float64; their count), as three uint64 words. The arrays must be contiguous
+    and outlive the record (their owner keeps both: routing.lexical.BM25)."""
+    if not (docs.dtype == np.int64 and terms.dtype == np.float64 and docs.ndim == terms.ndim == 1
+            and docs.flags.c_contiguous and terms.flags.c_contiguous and docs.size == terms.size):
+        raise UsageError("postings need contiguous int64 tools and float64 term scores of one length")
+    return np.array([docs.ctypes.data, terms.ctypes.data, docs.size], dtype=np.uint64)
 
 
 class SlbToolScorer:
@@ -337,17 +347,18 @@ class SlbToolScorer:
     def _grow(self, n_texts: int, n_tokens: int = 64) -> None:
         """Buffers and the pre-converted call of the request scan for up to n_texts texts and n_tokens tokens."""
         self._queries = np.zeros((n_texts, self.dim), dtype=np.float32)
-        self._token_docs = np.zeros(n_tokens, dtype=np.uint64)  # addresses of each token's arrays
-        self._token_terms = np.zeros(n_tokens, dtype=np.uint64)
-        self._token_counts = np.zeros(n_tokens, dtype=np.int64)
+        self._query_rows = [self._queries[:n] for n in range(n_texts + 1)]  # views made once, not per request
+        self._token_records = np.zeros(n_tokens, dtype=np.uint64)  # the address of each token's postings record
+        # the same memory as ctypes cells: a list is stored into them faster than into the NumPy array
+        self._token_record_cells = _native.u64_cells(self._token_records)
         self._token_offsets = np.zeros(n_texts + 1, dtype=np.int64)
         self._fused = np.empty(self.n_tools, dtype=np.float64)
         self._request = _native.FastCall(
             "nexus_slb_scan_request", self._slb.handle, _native.voidp(_ptr(self._queries)), self._texts,
             _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
-            _native.c_f32(self._base), _native.voidp(_ptr(self._token_docs)),
-            _native.voidp(_ptr(self._token_terms)), _native.voidp(_ptr(self._token_counts)),
+            _native.c_f32(self._base), _native.voidp(_ptr(self._token_records)),
             _native.voidp(_ptr(self._token_offsets)), self._lex_weight, _native.voidp(_ptr(self._fused)))
+        self._request_status = self._request.status
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         try:
@@ -361,38 +372,43 @@ class SlbToolScorer:
                 lex_weight: float = 0.0) -> np.ndarray:
         """The fused float64 scores of one request scored as several texts, in one native call
         (nexus_slb_scan_request): per text the dense per-tool score plus, with `lexical` and lex_weight > 0,
-        lex_weight * BM25 / max(BM25), then the mean over the texts. lexical: (addresses of each token's tools, of
-        its term scores, its lengths, where each text's tokens end), as BM25.request_postings gives them: the
-        addresses of contiguous int64 and float64 arrays of those lengths that stay alive during the call (the native
-        side checks every tool index it reads). Returns the scorer's own buffer, overwritten by the next call."""
+        lex_weight * BM25 / max(BM25), then the mean over the texts. lexical: (the address of each token's postings
+        record, where each text's tokens end), as BM25.request_postings gives them: records (postings_record) whose
+        arrays stay alive during the call (the native side checks every tool index it reads). Returns the scorer's
+        own buffer, overwritten by the next call."""
+        # this runs on every request: each check is one comparison, the copies go into buffers made once
         n = len(vectors)
         if n < 1:
             raise UsageError("a request needs at least one text")
         with_lex = lex_weight > 0
-        if with_lex and (lexical is None or len(lexical[3]) != n):
-            raise UsageError("give the postings of each text")
-        m = len(lexical[2]) if with_lex else 0
-        if n > self._queries.shape[0] or m > self._token_docs.size:
-            self._grow(max(n, self._queries.shape[0]), max(m, self._token_docs.size))
+        if with_lex:
+            if lexical is None or len(lexical) != 2 or len(lexical[1]) != n:
+                raise UsageError("give the postings of each text")
+            records, ends = lexical
+            m = len(records)
+            if ends[n - 1] != m:
+                raise UsageError("the last text's tokens must end at the last postings record")
+            if n >= len(self._query_rows) or m > self._token_record_cells._length_:
+                self._grow(max(n, self._queries.shape[0]), max(m, self._token_records.size))
+            self._token_record_cells[:m] = records
+            offsets = self._token_offsets
+            for t in range(n):  # one or two texts: item by item is cheaper than converting a list
+                offsets[t + 1] = ends[t]
+        elif n >= len(self._query_rows):
+            self._grow(n, self._token_records.size)
         try:
-            if isinstance(vectors, np.ndarray) and vectors.ndim == 2:  # the texts' rows at once (one copy)
-                np.copyto(self._queries[:n], vectors, casting="same_kind")
+            if type(vectors) is np.ndarray and vectors.ndim == 2:  # the texts' rows at once (one copy)
+                np.copyto(self._query_rows[n], vectors, casting="same_kind")
             else:
                 for t, v in enumerate(vectors):
                     np.copyto(self._queries[t], v, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"each query must be a float array of {self.dim} values") from None
-        if with_lex:
-            docs, terms, counts, ends = lexical
-            if not len(docs) == len(terms) == m:
-                raise UsageError("each token needs the address of its tools, of its term scores and a length")
-            self._token_docs[:m] = docs
-            self._token_terms[:m] = terms
-            self._token_counts[:m] = counts
-            self._token_offsets[1:n + 1] = ends
         self._texts.value = n
-        self._lex_weight.value = float(lex_weight) if with_lex else 0.0
-        self._request()
+        self._lex_weight.value = lex_weight if with_lex else 0.0
+        st = self._request_status()
+        if st:
+            _native.check(st)
         return self._fused
 
 
@@ -415,6 +431,7 @@ class ToolRanker:
             "nexus_rank_tools", _native.voidp(_ptr(self.scores)), _native.c_i64(self.n), _native.c_i32(self.k),
             _native.voidp(_ptr(self._groups)), _native.voidp(_ptr(self._order)), _native.ref(self._n_out),
             _native.ref(self._margin))
+        self._status = self._call.status
 
     def rank(self, scores: np.ndarray) -> tuple[np.ndarray, float]:
         """(the k best tools' indices, a new array; the margin)."""
@@ -422,8 +439,10 @@ class ToolRanker:
             np.copyto(self.scores, scores, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"scores must be a float array of {self.n} values") from None
-        self._call()
-        return self._order[: self._n_out.value].copy(), float(self._margin.value)
+        st = self._status()
+        if st:
+            _native.check(st)
+        return self._order.copy(), self._margin.value  # k <= n, so the native call always fills all k
 
 
 # ---------------------------------------------------------------- dense layer, float16 weights

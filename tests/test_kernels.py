@@ -609,16 +609,28 @@ def test_request_scan_refuses_postings_it_cannot_read():
     scorer = kernels.SlbToolScorer(db, scales, np.array([0, 0, 1, 2]), 3)
     v = np.ones(8, np.float32)
     bm25 = BM25([["a", "b"], ["b"], ["c"]])
-    docs, _, counts, ends = bm25.request_postings([["b", "a", "zz", "b"]])  # sorted, each once, only known ones
-    assert counts == [1, 2] and ends == [2] and docs == [bm25._postings("a")[2], bm25._postings("b")[2]]
-    docs, terms, counts, ends = bm25.request_postings([["b", "a"], ["zz"], ["c", "c"]])
-    assert counts == [1, 2, 1] and ends == [2, 2, 3]
+    records, ends = bm25.request_postings([["b", "a", "zz", "b"]])  # sorted, each once; 0 for one no tool holds
+    assert ends == [3] and records == [bm25._postings("a")[3], bm25._postings("b")[3], 0]
+    a_record = bm25._postings("a")[2]
+    assert [int(w) for w in a_record] == [bm25._postings("a")[0].ctypes.data, bm25._postings("a")[1].ctypes.data, 1]
+    records, ends = bm25.request_postings([["b", "a"], ["zz"], ["c", "c"]])
+    assert len(records) == 4 and ends == [2, 3, 4] and records[2] == 0
     idx = np.array([0, 5], dtype=np.int64)
     term = np.array([1.0, 1.0])
+    bad = kernels.postings_record(idx, term)
     with pytest.raises(NativeError, match="names tool 5 outside 0..2"):
-        scorer.request([v], ([idx.ctypes.data], [term.ctypes.data], [2], [1]), 0.5)
-    with pytest.raises(UsageError, match="address of its tools"):
-        scorer.request([v], ([idx.ctypes.data], [], [2], [1]), 0.5)
+        scorer.request([v], ([bad.ctypes.data], [1]), 0.5)
+    negative = np.array([idx.ctypes.data, term.ctypes.data, 2**64 - 1], dtype=np.uint64)  # a count of -1
+    with pytest.raises(NativeError, match="count must be >= 0"):
+        scorer.request([v], ([negative.ctypes.data], [1]), 0.5)
+    # a token no tool holds (record 0) adds nothing
+    assert np.array_equal(scorer.request([v], ([0], [1]), 0.5).copy(), scorer.request([v], ([], [0]), 0.5))
+    with pytest.raises(UsageError, match="must end at the last postings record"):
+        scorer.request([v], ([bad.ctypes.data], [2]), 0.5)
+    with pytest.raises(UsageError, match="contiguous int64 tools"):
+        kernels.postings_record(idx.astype(np.int32), term)
+    with pytest.raises(UsageError, match="contiguous int64 tools"):
+        kernels.postings_record(idx, term[:1])
 
 
 def test_slb_tool_scorer_errors():

@@ -131,11 +131,16 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
  * per tool (nothing is added where max(b) is not positive), in float64; out [n_tools] is their mean over the texts
  * (summed in text order, then divided). Two texts are scanned in one pass over the rows.
  * b of text t is the sum of the term scores of its tokens token_offsets[t] .. token_offsets[t+1]-1, added token by
- * token in that order: token j's postings are token_counts[j] tools token_docs[j][0..] (each in 0..n_tools-1) with
- * term scores token_terms[j][0..], arrays the caller owns (its BM25 cache). token_* may be NULL without lex_weight. */
+ * token in that order: token j's postings are *tokens[j] (its `count` tools docs[0..], each in 0..n_tools-1, with
+ * term scores terms[0..]), records and arrays the caller owns (its BM25 cache); tokens[j] NULL is a token no tool
+ * holds. tokens and token_offsets may be NULL without lex_weight. */
+typedef struct nexus_postings {
+    const int64_t *docs;
+    const double *terms;
+    int64_t count;
+} nexus_postings;
 int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
-                               int64_t n_tools, int32_t floor_k, float base, const int64_t *const *token_docs,
-                               const double *const *token_terms, const int64_t *token_counts,
+                               int64_t n_tools, int32_t floor_k, float base, const nexus_postings *const *tokens,
                                const int64_t *token_offsets, double lex_weight, double *out);
 /* nexus_slb_topk_timed on the prepared rows. */
 int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,

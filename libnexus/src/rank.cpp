@@ -29,14 +29,17 @@ int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32
         const int32_t want = static_cast<int32_t>(n < k ? n : k);
         // insertion into the sorted head: rows arrive in index order, so an equal score stays behind
         int32_t cnt = 0;
+        double last = NAN;  // the score of the last one kept, once the head is full
         for (int64_t i = 0; i < n; ++i) {
-            if (cnt == want && !ahead(scores[i], i, scores[order_out[want - 1]], order_out[want - 1])) continue;
+            // most scores fall below the k-th kept one: an ordered compare (false with a NaN) settles them at once
+            if (cnt == want && (scores[i] < last || !ahead(scores[i], i, last, order_out[want - 1]))) continue;
             int32_t pos = cnt < want ? cnt++ : want - 1;
             while (pos > 0 && ahead(scores[i], i, scores[order_out[pos - 1]], order_out[pos - 1])) {
                 order_out[pos] = order_out[pos - 1];
                 --pos;
             }
             order_out[pos] = i;
+            if (cnt == want) last = scores[order_out[want - 1]];
         }
         *n_out = want;
         // the margin: the top tool's score minus the best score of a tool that is neither it nor in its group of
@@ -46,13 +49,12 @@ int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32
         const int32_t g = group_of ? group_of[top] : -1;
         double best = -INFINITY;
         bool any = false, nan = false;
-        for (int64_t i = 0; i < n; ++i) {
-            if (i == top || (g >= 0 && group_of[i] == g)) continue;
-            any = true;
-            if (std::isnan(scores[i]))
-                nan = true;
-            else if (scores[i] > best)
-                best = scores[i];
+        for (int64_t i = 0; i < n; ++i) {  // without branches on the scores: selects, not jumps
+            const bool other = i != top && !(g >= 0 && group_of[i] == g);
+            const double s = scores[i];
+            any |= other;
+            nan |= other && s != s;
+            best = other && s > best ? s : best;
         }
         *margin_out = !any || nan || !std::isfinite(best) ? INFINITY : scores[top] - best;
     });

@@ -685,6 +685,18 @@ inline float from_order_key(uint32_t k) {
     return f;
 }
 
+// Keeps the keys of keys[0..m) that are at or above v (above: true) or below it, in order, at the front of keys;
+// returns how many. In place: the write position never passes the read position.
+int64_t keep_scalar(uint32_t *keys, int64_t m, uint32_t v, bool above) {
+    int64_t w = 0;
+    for (int64_t i = 0; i < m; ++i) {
+        const uint32_t x = keys[i];
+        keys[w] = x;
+        w += (x >= v) == above;  // no branch: a key that is not kept is overwritten by the next one
+    }
+    return w;
+}
+
 int64_t count_at_least_scalar(const uint32_t *keys, int64_t n, uint32_t v) {
     int64_t c = 0;
     for (int64_t i = 0; i < n; ++i) c += keys[i] >= v;
@@ -705,36 +717,100 @@ NEXUS_AVX512_TARGET int64_t count_at_least_avx512(const uint32_t *keys, int64_t 
         c0 = _mm512_mask_add_epi32(c0, _mm512_cmpge_epu32_mask(_mm512_loadu_si512(keys + i), t), c0, one);
     return _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1)) + count_at_least_scalar(keys + i, n - i, v);
 }
+
+// order_key (NaN as -inf) over all[0..16 * floor(n / 16)) in place, sixteen at a time, with their least and
+// greatest key; returns how many it converted (the caller does the rest).
+NEXUS_AVX512_TARGET int64_t to_order_keys_avx512(float *all, int64_t n, uint32_t *lo, uint32_t *hi) {
+    const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+    const __m512i nan_key = _mm512_set1_epi32(static_cast<int32_t>(order_key(-INFINITY)));
+    __m512i vlo = _mm512_set1_epi32(-1), vhi = _mm512_setzero_si512();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(all + i);
+        const __m512i u = _mm512_castps_si512(v);
+        const __mmask16 neg = _mm512_test_epi32_mask(u, sign);
+        __m512i key = _mm512_mask_mov_epi32(_mm512_or_si512(u, sign), neg, _mm512_ternarylogic_epi32(u, u, u, 0x55));
+        key = _mm512_mask_mov_epi32(key, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nan_key);
+        _mm512_storeu_si512(all + i, key);
+        vlo = _mm512_min_epu32(vlo, key);
+        vhi = _mm512_max_epu32(vhi, key);
+    }
+    *lo = std::min(*lo, static_cast<uint32_t>(_mm512_reduce_min_epu32(vlo)));
+    *hi = std::max(*hi, static_cast<uint32_t>(_mm512_reduce_max_epu32(vhi)));
+    return i;
+}
+
+// keep_scalar sixteen keys at a time: the kept lanes compressed into a register and stored whole (a compressing
+// store to memory is slow on some cores); the store's extra lanes fall on keys already read.
+NEXUS_AVX512_TARGET int64_t keep_avx512(uint32_t *keys, int64_t m, uint32_t v, bool above) {
+    const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(v));
+    int64_t w = 0, i = 0;
+    for (; i + 16 <= m; i += 16) {
+        const __m512i x = _mm512_loadu_si512(keys + i);
+        const __mmask16 ge = _mm512_cmpge_epu32_mask(x, t);
+        const __mmask16 keep = above ? ge : static_cast<__mmask16>(~ge);
+        _mm512_storeu_si512(keys + w, _mm512_maskz_compress_epi32(keep, x));
+        w += __builtin_popcount(keep);
+    }
+    for (; i < m; ++i) {
+        const uint32_t x = keys[i];
+        keys[w] = x;
+        w += (x >= v) == above;
+    }
+    return w;
+}
 #endif
 
-// The k-th largest of n floats (1 <= k <= n; NaN counts as -inf), without data-dependent branches: the answer's
-// key is built bit by bit from the top, keeping a bit where at least k keys are at or above the candidate (a
-// counting pass per bit below the keys' common high bits, which beats a selection's mispredicted branches and a
-// radix histogram's chains of increments into one bucket at the router's sizes). `all` is overwritten with the keys.
+// The k-th largest of n floats (1 <= k <= n; NaN counts as -inf), as a radix selection on the floats' order keys:
+// the answer's key is built bit by bit from the top, and after each bit only the keys that still share the answer's
+// bits are kept (compacted in place), so each pass reads fewer keys (about half as many, for scores spread over
+// their range) and the selection stops when one key is left or the wanted rank is the first or last of those left.
+// Passes are counts and compactions without data-dependent branches. `all` is overwritten.
 float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
     uint32_t *keys = reinterpret_cast<uint32_t *>(all);
     uint32_t lo = UINT32_MAX, hi = 0;
-    for (int64_t i = 0; i < n; ++i) {
+#if defined(__x86_64__)
+    const bool wide = level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI;
+    const int64_t head = wide ? to_order_keys_avx512(all, n, &lo, &hi) : 0;
+#else
+    const bool wide = false;
+    const int64_t head = 0;
+    (void)level;
+#endif
+    for (int64_t i = head; i < n; ++i) {
         const float v = all[i];
         keys[i] = order_key(v == v ? v : -INFINITY);  // NaN ranks lowest
         lo = std::min(lo, keys[i]);
         hi = std::max(hi, keys[i]);
     }
-    if (lo == hi) return from_order_key(lo);
-    // the bits above the highest one where the smallest and largest key differ are every key's, so the answer's:
-    // the counting starts below them (a router's scores share their sign and most of their exponent)
-    const int top = 31 - __builtin_clz(lo ^ hi);
-    uint32_t ans = top == 31 ? 0u : hi & ~(UINT32_MAX >> (31 - top));
-    for (int bit = top; bit >= 0; --bit) {
+    // invariant: the answer is the k-th largest of keys[0..m), every one of which has the answer's bits above `bit`
+    int64_t m = n;
+    int bit = lo == hi ? -1 : 31 - __builtin_clz(lo ^ hi);
+    uint32_t ans = bit < 0 ? lo : (bit == 31 ? 0u : hi & ~(UINT32_MAX >> (31 - bit)));
+    for (; bit >= 0; --bit) {
+        if (k == 1 || k == m) {  // the largest or the smallest of those left
+            uint32_t best = k == 1 ? 0u : UINT32_MAX;
+            for (int64_t i = 0; i < m; ++i) best = k == 1 ? std::max(best, keys[i]) : std::min(best, keys[i]);
+            return from_order_key(best);
+        }
         const uint32_t cand = ans | (1u << bit);
 #if defined(__x86_64__)
-        const int64_t c = level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI
-                              ? count_at_least_avx512(keys, n, cand)
-                              : count_at_least_scalar(keys, n, cand);
+        const int64_t c = wide ? count_at_least_avx512(keys, m, cand) : count_at_least_scalar(keys, m, cand);
 #else
-        const int64_t c = count_at_least_scalar(keys, n, cand);
+        const int64_t c = count_at_least_scalar(keys, m, cand);
 #endif
-        if (c >= k) ans = cand;
+        const bool above = c >= k;
+        if (above) {
+            ans = cand;
+        } else {
+            k -= c;
+        }
+        if (above ? c == m : c == 0) continue;  // every key left is on that side: nothing to drop
+#if defined(__x86_64__)
+        m = wide ? keep_avx512(keys, m, cand, above) : keep_scalar(keys, m, cand, above);
+#else
+        m = keep_scalar(keys, m, cand, above);
+#endif
     }
     return from_order_key(ans);
 }
@@ -1226,8 +1302,7 @@ int32_t nexus_slb_scan_tool_scores(const nexus_slb *slb, const float *query, con
 }
 
 int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
-                               int64_t n_tools, int32_t floor_k, float base, const int64_t *const *token_docs,
-                               const double *const *token_terms, const int64_t *token_counts,
+                               int64_t n_tools, int32_t floor_k, float base, const nexus_postings *const *tokens,
                                const int64_t *token_offsets, double lex_weight, double *out) {
     return guard([&] {
         require_ptr(slb, "slb");
@@ -1243,17 +1318,15 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
             for (int32_t t = 0; t < n_texts; ++t)
                 if (token_offsets[t + 1] < token_offsets[t]) invalid("token_offsets must be non-decreasing");
             const int64_t n_tok = token_offsets[n_texts];
-            if (n_tok > 0) {
-                require_ptr(token_docs, "token_docs");
-                require_ptr(token_terms, "token_terms");
-                require_ptr(token_counts, "token_counts");
-            }
+            if (n_tok > 0) require_ptr(tokens, "tokens");
             for (int64_t j = 0; j < n_tok; ++j) {
-                if (token_counts[j] < 0) invalid("token_counts must be >= 0");
-                if (token_counts[j] > 0 && (!token_docs[j] || !token_terms[j])) invalid("a token's postings are NULL");
-                for (int64_t e = 0; e < token_counts[j]; ++e)
-                    if (token_docs[j][e] < 0 || token_docs[j][e] >= n_tools)
-                        invalid("token " + std::to_string(j) + " names tool " + std::to_string(token_docs[j][e]) +
+                const nexus_postings *p = tokens[j];
+                if (!p) continue;  // a token no tool holds
+                if (p->count < 0) invalid("a token's count must be >= 0");
+                if (p->count > 0 && (!p->docs || !p->terms)) invalid("a token's postings are NULL");
+                for (int64_t e = 0; e < p->count; ++e)
+                    if (p->docs[e] < 0 || p->docs[e] >= n_tools)
+                        invalid("token " + std::to_string(j) + " names tool " + std::to_string(p->docs[e]) +
                                 " outside 0.." + std::to_string(n_tools - 1));
             }
         }
@@ -1276,15 +1349,29 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
             double m = 0.0;
             if (with_lex) {
                 std::fill(bm25.begin(), bm25.end(), 0.0);
-                for (int64_t j = token_offsets[t]; j < token_offsets[t + 1]; ++j)  // BM25.scores' order of additions
-                    for (int64_t e = 0; e < token_counts[j]; ++e) bm25[token_docs[j][e]] += token_terms[j][e];
+                for (int64_t j = token_offsets[t]; j < token_offsets[t + 1]; ++j) {  // BM25.scores' order of additions
+                    const nexus_postings *p = tokens[j];
+                    if (p)
+                        for (int64_t e = 0; e < p->count; ++e) bm25[p->docs[e]] += p->terms[e];
+                }
                 m = -INFINITY;
                 for (int64_t i = 0; i < n_tools; ++i) m = std::max(m, bm25[i]);
             }
-            for (int64_t i = 0; i < n_tools; ++i) {
-                double v = static_cast<double>(dense[i]);
-                if (with_lex) v = v + (m > 0 ? (lex_weight * bm25[i]) / m : 0.0);
-                out[i] = t == 0 ? v : out[i] + v;
+            // the same expressions as scoring.fuse, in loops without branches so that they run in vector lanes
+            const float *d = dense.data();
+            const double *b = bm25.data();
+            if (with_lex && m > 0) {
+                if (t == 0)
+                    for (int64_t i = 0; i < n_tools; ++i) out[i] = static_cast<double>(d[i]) + (lex_weight * b[i]) / m;
+                else
+                    for (int64_t i = 0; i < n_tools; ++i)
+                        out[i] = out[i] + (static_cast<double>(d[i]) + (lex_weight * b[i]) / m);
+            } else {
+                const double zero = with_lex ? 0.0 : -0.0;  // with_lex adds 0.0 (a -0.0 score becomes +0.0), as fuse
+                if (t == 0)
+                    for (int64_t i = 0; i < n_tools; ++i) out[i] = static_cast<double>(d[i]) + zero;
+                else
+                    for (int64_t i = 0; i < n_tools; ++i) out[i] = out[i] + (static_cast<double>(d[i]) + zero);
             }
         };
         for (int32_t t = 0; t < n_texts; t += 2) {

@@ -174,6 +174,41 @@ int main() {
         CHECK_ERR(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), n_tools, -1, 0.0f,
                                         out.data()), NEXUS_ERR_INVALID, "floor_k must be >= 0");
     }
+    // the floor's selection with many tied scores (rows repeated from a few distinct ones), at every rank
+    {
+        const int64_t n = 301;
+        const int32_t dim = 40;
+        std::vector<float> distinct(7 * dim), x(n * dim), qf(dim);
+        for (auto &v : distinct) v = static_cast<float>(rng.uniform() * 2 - 1);
+        for (auto &v : qf) v = static_cast<float>(rng.uniform() * 2 - 1);
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t src = static_cast<int64_t>(rng.uniform() * 7) % 7;
+            std::copy(distinct.begin() + src * dim, distinct.begin() + (src + 1) * dim, x.begin() + i * dim);
+        }
+        std::vector<int8_t> db(n * dim), q(dim);
+        std::vector<float> scales(n);
+        float qs = 0;
+        CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
+        CHECK_OK(nexus_quantize_i8(qf.data(), 1, dim, q.data(), &qs));
+        std::vector<int64_t> offsets(n + 1);  // one row per tool: each tool's score is its row's, raised to the floor
+        for (int64_t t = 0; t <= n; ++t) offsets[t] = t;
+        const auto dots = ref_dots(db, n, dim, q.data());
+        std::vector<float> score(n);
+        for (int64_t i = 0; i < n; ++i) score[i] = static_cast<float>(dots[i]) * scales[i] * qs;
+        std::vector<float> sorted = score;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        for (int32_t level : levels) {
+            CHECK_OK(nexus_simd_set_level(level));
+            bool same = true;
+            std::vector<float> out(n);
+            for (int32_t floor_k = 1; floor_k < n; ++floor_k) {
+                CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), n,
+                                               floor_k, -2.0f, out.data()));
+                for (int64_t t = 0; t < n; ++t) same = same && out[t] == std::max(score[t], sorted[floor_k - 1]);
+            }
+            CHECK(same);
+        }
+    }
     // exact top-k: equals a brute-force float64 ranking of the float32 rows on every level, k past n included
     {
         const int64_t n = 203;
@@ -285,6 +320,8 @@ int main() {
             const int64_t *token_docs[3] = {docs0, docs1, docs1};
             const double *token_terms[3] = {terms0, terms1, terms1};
             const int64_t token_counts[3] = {2, 1, 1};
+            const nexus_postings post0{docs0, terms0, 2}, post1{docs1, terms1, 1};
+            const nexus_postings *tokens[3] = {&post0, &post1, &post1};
             const auto bm25_of = [&](int32_t t, std::vector<double> &b, const int64_t *offs) {
                 std::fill(b.begin(), b.end(), 0.0);
                 for (int64_t j = offs[t]; j < offs[t + 1]; ++j)
@@ -313,23 +350,34 @@ int main() {
                         if (texts > 1)
                             for (auto &v : want) v = v / texts;
                         CHECK_OK(nexus_slb_scan_request(slb, qf.data(), texts, offsets.data(), n_tools, 4, -1.0f,
-                                                        token_docs, token_terms, token_counts, token_offsets, 0.3,
-                                                        got.data()));
+                                                        tokens, token_offsets, 0.3, got.data()));
                         CHECK(got == want);
                     }
                 }
             }
             CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 0, offsets.data(), n_tools, 4, -1.0f, nullptr, nullptr,
-                                             nullptr, nullptr, 0.0, b.data()), NEXUS_ERR_INVALID, "n_texts must be >= 1");
+                                             0.0, b.data()), NEXUS_ERR_INVALID, "n_texts must be >= 1");
             const int64_t bad_docs[1] = {7};
-            const int64_t *bad_token[1] = {bad_docs};
-            const int64_t one_count[1] = {1}, one_offsets[2] = {0, 1};
+            const nexus_postings bad_post{bad_docs, terms1, 1}, negative{docs1, terms1, -1};
+            const nexus_postings *bad_token[1] = {&bad_post}, *negative_token[1] = {&negative}, *none[1] = {nullptr};
+            const int64_t one_offsets[2] = {0, 1};
             CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, bad_token,
-                                             token_terms, one_count, one_offsets, 0.3, b.data()),
+                                             one_offsets, 0.3, b.data()),
                       NEXUS_ERR_INVALID, "names tool 7 outside 0..6");
+            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, negative_token,
+                                             one_offsets, 0.3, b.data()),
+                      NEXUS_ERR_INVALID, "count must be >= 0");
+            // a NULL record is a token no tool holds: nothing added (as a text without tokens)
+            std::vector<double> with_none(n_tools), without(n_tools);
+            const int64_t no_tokens[2] = {0, 0};
+            CHECK_OK(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, none, one_offsets,
+                                            0.3, with_none.data()));
+            CHECK_OK(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, none, no_tokens,
+                                            0.3, without.data()));
+            CHECK(with_none == without);
             const int64_t bad_offsets[2] = {1, 1};
-            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, token_docs,
-                                             token_terms, token_counts, bad_offsets, 0.3, b.data()),
+            CHECK_ERR(nexus_slb_scan_request(slb, qf.data(), 1, offsets.data(), n_tools, 4, -1.0f, tokens,
+                                             bad_offsets, 0.3, b.data()),
                       NEXUS_ERR_INVALID, "token_offsets must start at 0");
             nexus_slb_free(slb);
         }

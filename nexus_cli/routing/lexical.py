@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import textgen
+from .. import kernels, textgen
 
 
 def postings_of(docs: Sequence[Sequence[str]]) -> dict[str, list[int]]:
@@ -56,6 +56,7 @@ class BM25:
         self.avgdl = float(lens.mean()) if self.n else 1.0
         self._norm = k1 * (1 - b + b * lens / max(self.avgdl, 1e-9))
         self._cache: dict[str, tuple | None] = {}
+        self._records: dict[str, int] = {}  # each cached token's postings record address (0: no tool holds it)
 
     @classmethod
     def from_postings(cls, doc_lengths: Sequence[int], postings: dict[str, list[int]],
@@ -85,8 +86,9 @@ class BM25:
         return np.asarray(idx, dtype=np.int64), np.asarray(tfs, dtype=np.float64)
 
     def _postings(self, tok: str):
-        """(tool indices, each tool's term score idf * weight, the two arrays' addresses) of a token, or None when
-        no tool holds it. Kept for the life of this BM25: the native scan reads the arrays by address."""
+        """(tool indices, each tool's term score idf * weight, their postings record for the native scan, the
+        record's address) of a token, or None when no tool holds it. Kept for the life of this BM25: the native scan
+        reads the record and its arrays by address."""
         if tok in self._cache:
             return self._cache[tok]
         entry = None
@@ -96,25 +98,29 @@ class BM25:
             w = tf * (self.k1 + 1) / (tf + self._norm[idx])
             idf = math.log(1 + (self.n - len(idx) + 0.5) / (len(idx) + 0.5))
             term = idf * w  # a new float64 array; idx is contiguous int64 (_counts): both readable by address
-            entry = (idx, term, idx.ctypes.data, term.ctypes.data, len(idx))
+            record = kernels.postings_record(idx, term)
+            entry = (idx, term, record, record.ctypes.data)
         self._cache[tok] = entry
+        self._records[tok] = entry[3] if entry is not None else 0
         return entry
 
-    def request_postings(self, texts_tokens: Sequence[Sequence[str]]) -> tuple[list, list, list, list]:
-        """What the native request scan reads of several texts' BM25 (kernels.SlbToolScorer.request): the addresses
-        of each token's tools and term scores (contiguous int64 and float64 arrays this BM25 keeps alive), their
-        lengths, and where each text's tokens end."""
-        docs, terms, counts, ends = [], [], [], []
-        cache = self._cache
+    def request_postings(self, texts_tokens: Sequence[Sequence[str]]) -> tuple[list[int], list[int]]:
+        """What the native request scan reads of several texts' BM25 (kernels.SlbToolScorer.request): the address
+        of each token's postings record (kernels.postings_record, kept alive by this BM25; 0 for a token no tool
+        holds), and where each text's tokens end."""
+        records, ends = [], []
+        known = self._records
         for tokens in texts_tokens:
-            for tok in sorted(set(tokens)):  # scores()' order; the cache read inline: this runs on every request
-                e = cache[tok] if tok in cache else self._postings(tok)
-                if e is not None:
-                    docs.append(e[2])
-                    terms.append(e[3])
-                    counts.append(e[4])
-            ends.append(len(counts))
-        return docs, terms, counts, ends
+            toks = sorted(set(tokens))  # scores()' order
+            try:  # this runs on every request: one lookup per token, the misses made on the way out
+                records += [known[t] for t in toks]
+            except KeyError:
+                for t in toks:
+                    if t not in known:
+                        self._postings(t)
+                records += [known[t] for t in toks]
+            ends.append(len(records))
+        return records, ends
 
     def scores(self, tokens: Sequence[str]) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.float64)

@@ -90,6 +90,32 @@ class AtbHeader(ctypes.Structure):
 
 assert ctypes.sizeof(AtbHeader) == ATB_HEADER_SIZE
 
+
+# The argument records of the packed per-request calls (nexus.h): natural C alignment, as the compiler lays them out.
+class ScanTopkArgs(ctypes.Structure):
+    """nexus_scan_topk_args."""
+
+    _fields_ = [("slb", ctypes.c_void_p), ("query", ctypes.c_void_p), ("query_scale", ctypes.c_float),
+                ("k", ctypes.c_int32), ("idx_out", ctypes.c_void_p), ("score_out", ctypes.c_void_p),
+                ("n_out", ctypes.c_void_p)]
+
+
+class ScanRequestArgs(ctypes.Structure):
+    """nexus_scan_request_args."""
+
+    _fields_ = [("slb", ctypes.c_void_p), ("queries", ctypes.c_void_p), ("n_texts", ctypes.c_int32),
+                ("floor_k", ctypes.c_int32), ("tool_offsets", ctypes.c_void_p), ("n_tools", ctypes.c_int64),
+                ("base", ctypes.c_float), ("tokens", ctypes.c_void_p), ("token_offsets", ctypes.c_void_p),
+                ("lex_weight", ctypes.c_double), ("out", ctypes.c_void_p)]
+
+
+class RankArgs(ctypes.Structure):
+    """nexus_rank_args."""
+
+    _fields_ = [("scores", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int32),
+                ("group_of", ctypes.c_void_p), ("order_out", ctypes.c_void_p), ("n_out", ctypes.c_void_p),
+                ("margin_out", ctypes.c_void_p)]
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
@@ -184,6 +210,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     # int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32_t *group_of,
     #                          int64_t *order_out, int32_t *n_out, double *margin_out);
     sig("nexus_rank_tools", i32, vp, i64, i32, vp, vp, P(i32), P(db))
+    # int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *args); and the two below alike
+    sig("nexus_slb_scan_topk_packed", i32, P(ScanTopkArgs))
+    sig("nexus_slb_scan_request_packed", i32, P(ScanRequestArgs))
+    sig("nexus_rank_tools_packed", i32, P(RankArgs))
     # int32_t nexus_trie_create(nexus_trie **out);
     sig("nexus_trie_create", i32, P(vp))
     # void nexus_trie_free(nexus_trie *trie);
@@ -279,6 +309,11 @@ def out(kind: str):
 
 
 ref = ctypes.byref
+
+
+def address(cell) -> int:
+    """The address of a ctypes value (a cell a native call writes), for an argument record."""
+    return ctypes.addressof(cell)
 
 
 def voidp(addr: int):

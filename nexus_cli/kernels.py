@@ -253,13 +253,13 @@ class SlbScanner:
         self.query = np.zeros(self.dim, dtype=np.int8)
         self._idx = np.empty(self.k, dtype=np.int64)
         self._scores = np.empty(self.k, dtype=np.float32)
-        self._scale = _native.c_f32(0.0)  # the one argument that changes per call: set in place
         self._n_out = _native.c_i32(0)
         self.prepared = PreparedSlb(db, self._scales)
-        self._call = _native.FastCall(
-            "nexus_slb_scan_topk", self.prepared.handle, _native.voidp(_ptr(self.query)), self._scale,
-            _native.c_i32(self.k), _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)),
-            _native.ref(self._n_out))
+        # the call's arguments in one record (nexus_slb_scan_topk_packed); the scale, the one that changes per call,
+        # is set in it in place
+        self._args = _native.ScanTopkArgs(self.prepared.handle.value, _ptr(self.query), 0.0, self.k, _ptr(self._idx),
+                                          _ptr(self._scores), _native.address(self._n_out))
+        self._call = _native.FastCall("nexus_slb_scan_topk_packed", _native.ref(self._args))
         self._status = self._call.status
 
     def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +267,7 @@ class SlbScanner:
             np.copyto(self.query, query_q, casting="no")
         except (TypeError, ValueError):
             raise UsageError(f"query must be an int8 array of {self.dim} values") from None
-        self._scale.value = query_scale
+        self._args.query_scale = query_scale
         st = self._status()
         if st:
             _native.check(st)
@@ -340,8 +340,6 @@ class SlbToolScorer:
             "nexus_slb_scan_tool_scores", self._slb.handle, _native.voidp(_ptr(self.query)),
             _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
             _native.c_f32(self._base), _native.voidp(_ptr(self._out)))
-        self._texts = _native.c_i32(1)  # per-call arguments of the request scan, set in place
-        self._lex_weight = _native.c_f64(0.0)
         self._grow(2)  # a request is scored as one or two texts (scoring.request_texts)
 
     def _grow(self, n_texts: int, n_tokens: int = 64) -> None:
@@ -353,11 +351,12 @@ class SlbToolScorer:
         self._token_record_cells = _native.u64_cells(self._token_records)
         self._token_offsets = np.zeros(n_texts + 1, dtype=np.int64)
         self._fused = np.empty(self.n_tools, dtype=np.float64)
-        self._request = _native.FastCall(
-            "nexus_slb_scan_request", self._slb.handle, _native.voidp(_ptr(self._queries)), self._texts,
-            _native.voidp(_ptr(self._offsets)), _native.c_i64(self.n_tools), _native.c_i32(self._floor_k),
-            _native.c_f32(self._base), _native.voidp(_ptr(self._token_records)),
-            _native.voidp(_ptr(self._token_offsets)), self._lex_weight, _native.voidp(_ptr(self._fused)))
+        # the call's arguments in one record (nexus_slb_scan_request_packed); n_texts and lex_weight, the ones that
+        # change per request, are set in it in place
+        self._request_args = _native.ScanRequestArgs(
+            self._slb.handle.value, _ptr(self._queries), 1, self._floor_k, _ptr(self._offsets), self.n_tools,
+            self._base, _ptr(self._token_records), _ptr(self._token_offsets), 0.0, _ptr(self._fused))
+        self._request = _native.FastCall("nexus_slb_scan_request_packed", _native.ref(self._request_args))
         self._request_status = self._request.status
 
     def scores(self, query: np.ndarray) -> np.ndarray:
@@ -404,8 +403,9 @@ class SlbToolScorer:
                     np.copyto(self._queries[t], v, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"each query must be a float array of {self.dim} values") from None
-        self._texts.value = n
-        self._lex_weight.value = lex_weight if with_lex else 0.0
+        args = self._request_args
+        args.n_texts = n
+        args.lex_weight = lex_weight if with_lex else 0.0
         st = self._request_status()
         if st:
             _native.check(st)
@@ -427,10 +427,9 @@ class ToolRanker:
         self._order = np.empty(self.k, dtype=np.int64)
         self._n_out = _native.c_i32(0)
         self._margin = _native.c_f64(0.0)
-        self._call = _native.FastCall(
-            "nexus_rank_tools", _native.voidp(_ptr(self.scores)), _native.c_i64(self.n), _native.c_i32(self.k),
-            _native.voidp(_ptr(self._groups)), _native.voidp(_ptr(self._order)), _native.ref(self._n_out),
-            _native.ref(self._margin))
+        self._args = _native.RankArgs(_ptr(self.scores), self.n, self.k, _ptr(self._groups), _ptr(self._order),
+                                      _native.address(self._n_out), _native.address(self._margin))
+        self._call = _native.FastCall("nexus_rank_tools_packed", _native.ref(self._args))  # one record: one argument
         self._status = self._call.status
 
     def rank(self, scores: np.ndarray) -> tuple[np.ndarray, float]:

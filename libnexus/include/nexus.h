@@ -142,6 +142,33 @@ typedef struct nexus_postings {
 int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32_t n_texts, const int64_t *tool_offsets,
                                int64_t n_tools, int32_t floor_k, float base, const nexus_postings *const *tokens,
                                const int64_t *token_offsets, double lex_weight, double *out);
+/* The per-request scans with their arguments in one record that the caller keeps and sets in place between calls:
+ * the same calls, with one argument for an interpreter's foreign-function layer to convert instead of seven or
+ * eleven (from Python that conversion costs more than a 250-row scan's top-k selection). */
+typedef struct nexus_scan_topk_args {
+    const nexus_slb *slb;
+    const int8_t *query;
+    float query_scale;
+    int32_t k;
+    int64_t *idx_out;
+    float *score_out;
+    int32_t *n_out;
+} nexus_scan_topk_args;
+int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *args);
+typedef struct nexus_scan_request_args {
+    const nexus_slb *slb;
+    const float *queries;
+    int32_t n_texts;
+    int32_t floor_k;
+    const int64_t *tool_offsets;
+    int64_t n_tools;
+    float base;
+    const nexus_postings *const *tokens;
+    const int64_t *token_offsets;
+    double lex_weight;
+    double *out;
+} nexus_scan_request_args;
+int32_t nexus_slb_scan_request_packed(const nexus_scan_request_args *args);
 /* nexus_slb_topk_timed on the prepared rows. */
 int32_t nexus_slb_scan_topk_timed(const nexus_slb *slb, const int8_t *query, float query_scale, int32_t k,
                                   int32_t n_warmup, int32_t n_reps, double *ns_out);
@@ -161,6 +188,17 @@ int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_
  * NULL), or +inf when no such tool has a finite score (a NaN among them gives +inf too). */
 int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32_t *group_of, int64_t *order_out,
                          int32_t *n_out, double *margin_out);
+/* nexus_rank_tools with its arguments in one record (as nexus_slb_scan_request_packed). */
+typedef struct nexus_rank_args {
+    const double *scores;
+    int64_t n;
+    int32_t k;
+    const int32_t *group_of;
+    int64_t *order_out;
+    int32_t *n_out;
+    double *margin_out;
+} nexus_rank_args;
+int32_t nexus_rank_tools_packed(const nexus_rank_args *args);
 
 /* ---------------------------------------------------------------- dense layer with float16 weights */
 

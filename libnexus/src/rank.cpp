@@ -60,4 +60,9 @@ int32_t nexus_rank_tools(const double *scores, int64_t n, int32_t k, const int32
     });
 }
 
+int32_t nexus_rank_tools_packed(const nexus_rank_args *a) {
+    if (!a) return nexus::guard([] { nexus::require_ptr(nullptr, "args"); });
+    return nexus_rank_tools(a->scores, a->n, a->k, a->group_of, a->order_out, a->n_out, a->margin_out);
+}
+
 }  // extern "C"

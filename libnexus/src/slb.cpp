@@ -1393,6 +1393,17 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
     });
 }
 
+int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *a) {
+    if (!a) return guard([] { require_ptr(nullptr, "args"); });
+    return nexus_slb_scan_topk(a->slb, a->query, a->query_scale, a->k, a->idx_out, a->score_out, a->n_out);
+}
+
+int32_t nexus_slb_scan_request_packed(const nexus_scan_request_args *a) {
+    if (!a) return guard([] { require_ptr(nullptr, "args"); });
+    return nexus_slb_scan_request(a->slb, a->queries, a->n_texts, a->tool_offsets, a->n_tools, a->floor_k, a->base,
+                                  a->tokens, a->token_offsets, a->lex_weight, a->out);
+}
+
 int32_t nexus_slb_floor_timed(const nexus_slb *slb, int32_t n_warmup, int32_t n_reps, double *read_ns_out,
                               double *dots_ns_out) {
     return guard([&] {

@@ -285,6 +285,12 @@ int main() {
                     CHECK_OK(nexus_slb_topk(db.data(), scales.data(), n, dim, q.data(), 0.01f, k, i1.data(), s1.data(), &m1));
                     CHECK_OK(nexus_slb_scan_topk(slb, q.data(), 0.01f, k, i2.data(), s2.data(), &m2));
                     CHECK(m1 == m2 && i1 == i2 && s1 == s2);
+                    std::vector<int64_t> i3(k);
+                    std::vector<float> s3(k);
+                    int32_t m3 = 0;
+                    const nexus_scan_topk_args packed{slb, q.data(), 0.01f, k, i3.data(), s3.data(), &m3};
+                    CHECK_OK(nexus_slb_scan_topk_packed(&packed));
+                    CHECK(m3 == m2 && i3 == i2 && s3 == s2);
                     int64_t r1 = 0, r2 = 0;
                     CHECK_OK(nexus_slb_topk_exact(db.data(), scales.data(), x.data(), norms.data(), n, dim, qf.data(), k,
                                                   i1.data(), s1.data(), &m1, &r1));
@@ -352,6 +358,11 @@ int main() {
                         CHECK_OK(nexus_slb_scan_request(slb, qf.data(), texts, offsets.data(), n_tools, 4, -1.0f,
                                                         tokens, token_offsets, 0.3, got.data()));
                         CHECK(got == want);
+                        std::vector<double> packed_out(n_tools);
+                        const nexus_scan_request_args packed{slb, qf.data(), texts, 4, offsets.data(), n_tools, -1.0f,
+                                                             tokens, token_offsets, 0.3, packed_out.data()};
+                        CHECK_OK(nexus_slb_scan_request_packed(&packed));
+                        CHECK(packed_out == want);
                     }
                 }
             }
@@ -398,6 +409,15 @@ int main() {
         CHECK_OK(nexus_rank_tools(clean, 4, 2, nullptr, order, &got, &margin));
         CHECK(margin == 0.0);
         CHECK_ERR(nexus_rank_tools(clean, 0, 2, nullptr, order, &got, &margin), NEXUS_ERR_INVALID, "n must be >= 1");
+        int64_t packed_order[2];
+        int32_t packed_got = 0;
+        double packed_margin = 0;
+        const nexus_rank_args packed{clean, 4, 2, groups, packed_order, &packed_got, &packed_margin};
+        CHECK_OK(nexus_rank_tools_packed(&packed));
+        CHECK(packed_got == 2 && packed_order[0] == 1 && packed_order[1] == 2 && std::fabs(packed_margin - 0.2) < 1e-12);
+        CHECK_ERR(nexus_rank_tools_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
+        CHECK_ERR(nexus_slb_scan_topk_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
+        CHECK_ERR(nexus_slb_scan_request_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
     }
     {
         const int8_t db[4] = {1, 2, 3, 4};

@@ -109,16 +109,17 @@ class BM25:
         of each token's postings record (kernels.postings_record, kept alive by this BM25; 0 for a token no tool
         holds), and where each text's tokens end."""
         records, ends = [], []
-        known = self._records
+        lookup = self._records.__getitem__
         for tokens in texts_tokens:
             toks = sorted(set(tokens))  # scores()' order
-            try:  # this runs on every request: one lookup per token, the misses made on the way out
-                records += [known[t] for t in toks]
-            except KeyError:
+            start = len(records)
+            try:  # this runs on every request: one lookup per token in C, no test per token
+                records.extend(map(lookup, toks))
+            except KeyError:  # a token met for the first time: its postings made once, then read as the others
+                del records[start:]
                 for t in toks:
-                    if t not in known:
-                        self._postings(t)
-                records += [known[t] for t in toks]
+                    self._postings(t)
+                records.extend(map(lookup, toks))
             ends.append(len(records))
         return records, ends
 

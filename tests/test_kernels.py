@@ -254,6 +254,11 @@ def test_slb_topk_every_level(dim, restore_level):
     scanner = kernels.SlbScanner(db, scales, 10)
     s_idx, s_sc = scanner.topk(q, qs)
     assert np.array_equal(s_idx, reference.slb_topk(db, scales, q, qs, 10)[0])
+    strided = np.repeat(q, 2)[::2]  # the same values through a strided view: copied as they are
+    assert np.array_equal(scanner.topk(strided, qs)[0], s_idx)
+    for bad in (q.astype(np.uint8), q.astype(np.int16), q[:-1], q.reshape(1, -1), list(q)):
+        with pytest.raises(UsageError, match="int8 array"):
+            scanner.topk(bad, qs)
     idx, sc = kernels.slb_topk(db, None, q, 1.0, 4)
     assert np.array_equal(idx, reference.slb_topk(db, None, q, 1.0, 4)[0])
 

@@ -100,6 +100,14 @@ class ScanTopkArgs(ctypes.Structure):
                 ("n_out", ctypes.c_void_p)]
 
 
+class ScanTopkExactArgs(ctypes.Structure):
+    """nexus_scan_topk_exact_args."""
+
+    _fields_ = [("slb", ctypes.c_void_p), ("query", ctypes.c_void_p), ("k", ctypes.c_int32),
+                ("idx_out", ctypes.c_void_p), ("score_out", ctypes.c_void_p), ("n_out", ctypes.c_void_p),
+                ("n_rescored_out", ctypes.c_void_p)]
+
+
 class ScanRequestArgs(ctypes.Structure):
     """nexus_scan_request_args."""
 
@@ -212,6 +220,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     sig("nexus_rank_tools", i32, vp, i64, i32, vp, vp, P(i32), P(db))
     # int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *args); and the two below alike
     sig("nexus_slb_scan_topk_packed", i32, P(ScanTopkArgs))
+    sig("nexus_slb_scan_topk_exact_packed", i32, P(ScanTopkExactArgs))
     sig("nexus_slb_scan_request_packed", i32, P(ScanRequestArgs))
     sig("nexus_rank_tools_packed", i32, P(RankArgs))
     # int32_t nexus_trie_create(nexus_trie **out);

@@ -210,15 +210,17 @@ class SlbExactScanner:
                                                             self.n, self.dim, _ptr(self.row_norms)))
         self.k = max(1, min(int(k), self.n))
         self.query = np.zeros(self.dim, dtype=np.float32)
+        self._query_floats = memoryview(self.query)
         self._idx = np.empty(self.k, dtype=np.int64)
         self._scores = np.empty(self.k, dtype=np.float32)
         self._n_out = _native.c_i32(0)
         self._rescored = _native.c_i64(0)
         self._slb = PreparedSlb(self.db, self.scales, self._f32, self.row_norms)
-        self._call = _native.FastCall(
-            "nexus_slb_scan_topk_exact", self._slb.handle, _native.voidp(_ptr(self.query)), _native.c_i32(self.k),
-            _native.voidp(_ptr(self._idx)), _native.voidp(_ptr(self._scores)), _native.ref(self._n_out),
-            _native.ref(self._rescored))
+        self._args = _native.ScanTopkExactArgs(  # one record: one argument to convert per call
+            self._slb.handle.value, _ptr(self.query), self.k, _ptr(self._idx), _ptr(self._scores),
+            _native.address(self._n_out), _native.address(self._rescored))
+        self._call = _native.FastCall("nexus_slb_scan_topk_exact_packed", _native.ref(self._args))
+        self._status = self._call.status
 
     @property
     def last_rescored(self) -> int:
@@ -226,12 +228,18 @@ class SlbExactScanner:
 
     def topk(self, query_f32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         try:
-            np.copyto(self.query, query_f32, casting="same_kind")
-        except (TypeError, ValueError):
-            raise UsageError(f"query must be a float array of {self.dim} values") from None
-        self._call()
-        m = self._n_out.value
-        return self._idx[:m], self._scores[:m]
+            self._query_floats[:] = query_f32  # float32 of the right length: a plain copy, the cheapest
+        except (TypeError, ValueError, NotImplementedError):
+            try:  # another float type: converted, as before
+                np.copyto(self.query, query_f32, casting="same_kind")
+            except (TypeError, ValueError):
+                raise UsageError(f"query must be a float array of {self.dim} values") from None
+        st = self._status()
+        if st:
+            _native.check(st)
+        if self.n:  # the scan writes min(k, n) results: self.k of them, unless there are no rows
+            return self._idx, self._scores
+        return self._idx[:0], self._scores[:0]
 
 
 class SlbScanner:
@@ -274,7 +282,9 @@ class SlbScanner:
         st = self._status()
         if st:
             _native.check(st)
-        return self._idx, self._scores  # the scan writes min(k, n) = self.k results
+        if self.n:  # the scan writes min(k, n) results: self.k of them, unless there are no rows
+            return self._idx, self._scores
+        return self._idx[:0], self._scores[:0]
 
 
 def slb_scan_topk_timed(scanner: "SlbScanner", query_q: np.ndarray, query_scale: float, n_warmup: int,

@@ -383,6 +383,13 @@ def test_slb_topk_exact_errors():
     scanner = kernels.SlbExactScanner(np.ones((4, 8), dtype=np.float32), 2)
     with pytest.raises(UsageError, match="8 values"):
         scanner.topk(np.ones(5, dtype=np.float32))
+    # a float64 query is converted (the copy's fast path takes float32 only); the same answer
+    q = np.linspace(-1, 1, 8)
+    want = [a.copy() for a in scanner.topk(q.astype(np.float32))]
+    got = scanner.topk(q)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    with pytest.raises(UsageError, match="8 values"):
+        scanner.topk(np.ones(5))  # a float64 query of the wrong length: refused on the conversion path too
 
 
 def test_slb_topk_timed_and_errors():

@@ -155,6 +155,16 @@ typedef struct nexus_scan_topk_args {
     int32_t *n_out;
 } nexus_scan_topk_args;
 int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *args);
+typedef struct nexus_scan_topk_exact_args {
+    const nexus_slb *slb;
+    const float *query;
+    int32_t k;
+    int64_t *idx_out;
+    float *score_out;
+    int32_t *n_out;
+    int64_t *n_rescored_out;
+} nexus_scan_topk_exact_args;
+int32_t nexus_slb_scan_topk_exact_packed(const nexus_scan_topk_exact_args *args);
 typedef struct nexus_scan_request_args {
     const nexus_slb *slb;
     const float *queries;

@@ -900,10 +900,9 @@ double dot_f64(const float *x, const float *y, int32_t dim, int32_t level) {
 // ||x - scale * q||_2 and ||scale * q||_2 of one quantized row, in float64 (the quantization residual and the
 // dequantized row): the two numbers the exact scan's error bound needs per row. Eight partial sums, so the additions
 // are not one long dependency chain.
-void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, double *res, double *deq) {
-    double r2[8] = {0, 0, 0, 0, 0, 0, 0, 0}, d2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const double sc = static_cast<double>(scale);
-    for (int32_t j = 0; j < dim; ++j) {
+void residual_norms_tail(const float *x, const int8_t *q, double sc, int32_t begin, int32_t dim, double *r2,
+                         double *d2, double *res, double *deq) {
+    for (int32_t j = begin; j < dim; ++j) {
         const double dq = sc * static_cast<double>(q[j]);
         const double e = static_cast<double>(x[j]) - dq;
         r2[j % 8] += e * e;
@@ -911,6 +910,41 @@ void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, d
     }
     *res = std::sqrt(((r2[0] + r2[4]) + (r2[2] + r2[6])) + ((r2[1] + r2[5]) + (r2[3] + r2[7])));
     *deq = std::sqrt(((d2[0] + d2[4]) + (d2[2] + d2[6])) + ((d2[1] + d2[5]) + (d2[3] + d2[7])));
+}
+
+#if defined(__x86_64__)
+// residual_norms with partial sum j % 8 in lane j % 8 of one vector: the same operations in the same order, so the
+// same bits (no fused multiply-add: the library is built with -ffp-contract=off).
+NEXUS_AVX512_TARGET void residual_norms_avx512(const float *x, const int8_t *q, float scale, int32_t dim,
+                                               double *res, double *deq) {
+    const double sc = static_cast<double>(scale);
+    const __m512d scv = _mm512_set1_pd(sc);
+    __m512d r2v = _mm512_setzero_pd(), d2v = _mm512_setzero_pd();
+    int32_t j = 0;
+    for (; j + 8 <= dim; j += 8) {
+        const __m512d xv = _mm512_cvtps_pd(_mm256_loadu_ps(x + j));
+        const __m512d qv = _mm512_cvtepi32_pd(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + j))));
+        const __m512d dq = _mm512_mul_pd(scv, qv);
+        const __m512d e = _mm512_sub_pd(xv, dq);
+        r2v = _mm512_add_pd(r2v, _mm512_mul_pd(e, e));
+        d2v = _mm512_add_pd(d2v, _mm512_mul_pd(dq, dq));
+    }
+    alignas(64) double r2[8], d2[8];
+    _mm512_store_pd(r2, r2v);
+    _mm512_store_pd(d2, d2v);
+    residual_norms_tail(x, q, sc, j, dim, r2, d2, res, deq);
+}
+#endif
+
+void residual_norms(const float *x, const int8_t *q, float scale, int32_t dim, double *res, double *deq) {
+#if defined(__x86_64__)
+    const int32_t level = simd_level();
+    if (level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI)
+        return residual_norms_avx512(x, q, scale, dim, res, deq);
+#endif
+    double r2[8] = {0, 0, 0, 0, 0, 0, 0, 0}, d2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    residual_norms_tail(x, q, static_cast<double>(scale), 0, dim, r2, d2, res, deq);
 }
 
 // The largest dequantized-row norm and residual norm over all rows: the exact scan's bound for rows it need not
@@ -1396,6 +1430,11 @@ int32_t nexus_slb_scan_request(const nexus_slb *slb, const float *queries, int32
 int32_t nexus_slb_scan_topk_packed(const nexus_scan_topk_args *a) {
     if (!a) return guard([] { require_ptr(nullptr, "args"); });
     return nexus_slb_scan_topk(a->slb, a->query, a->query_scale, a->k, a->idx_out, a->score_out, a->n_out);
+}
+
+int32_t nexus_slb_scan_topk_exact_packed(const nexus_scan_topk_exact_args *a) {
+    if (!a) return guard([] { require_ptr(nullptr, "args"); });
+    return nexus_slb_scan_topk_exact(a->slb, a->query, a->k, a->idx_out, a->score_out, a->n_out, a->n_rescored_out);
 }
 
 int32_t nexus_slb_scan_request_packed(const nexus_scan_request_args *a) {

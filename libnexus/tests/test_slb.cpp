@@ -1,6 +1,7 @@
 // INT8 SLB: quantization rule, exact dots on every SIMD level at awkward lengths, top-k order and ties, errors.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <utility>
@@ -221,6 +222,12 @@ int main() {
         std::vector<float> scales(n), norms(2 * n);
         CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
         CHECK_OK(nexus_slb_row_norms(db.data(), scales.data(), x.data(), n, dim, norms.data()));
+        for (int32_t level : levels) {  // the same bits on every level (lane j % 8 holds partial sum j % 8)
+            CHECK_OK(nexus_simd_set_level(level));
+            std::vector<float> again(2 * n);
+            CHECK_OK(nexus_slb_row_norms(db.data(), scales.data(), x.data(), n, dim, again.data()));
+            CHECK(std::memcmp(again.data(), norms.data(), again.size() * sizeof(float)) == 0);
+        }
         for (int trial = 0; trial < 20; ++trial) {
             for (int j = 0; j < dim; ++j)
                 qf[j] = trial == 0 ? x[3 * dim + j] : static_cast<float>(rng.uniform() * 2.0 - 1.0);
@@ -296,6 +303,13 @@ int main() {
                                                   i1.data(), s1.data(), &m1, &r1));
                     CHECK_OK(nexus_slb_scan_topk_exact(slb, qf.data(), k, i2.data(), s2.data(), &m2, &r2));
                     CHECK(m1 == m2 && i1 == i2 && s1 == s2 && r1 == r2);
+                    std::vector<int64_t> i4(k);
+                    std::vector<float> s4(k);
+                    int32_t m4 = 0;
+                    int64_t r4 = 0;
+                    const nexus_scan_topk_exact_args exact_packed{slb, qf.data(), k, i4.data(), s4.data(), &m4, &r4};
+                    CHECK_OK(nexus_slb_scan_topk_exact_packed(&exact_packed));
+                    CHECK(m4 == m2 && i4 == i2 && s4 == s2 && r4 == r2);
                 }
                 std::vector<float> t1(2), t2(2);
                 CHECK_OK(nexus_slb_tool_scores(db.data(), scales.data(), n, dim, qf.data(), offsets.data(), 2, 3, -1.0f,
@@ -417,6 +431,7 @@ int main() {
         CHECK(packed_got == 2 && packed_order[0] == 1 && packed_order[1] == 2 && std::fabs(packed_margin - 0.2) < 1e-12);
         CHECK_ERR(nexus_rank_tools_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
         CHECK_ERR(nexus_slb_scan_topk_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
+        CHECK_ERR(nexus_slb_scan_topk_exact_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
         CHECK_ERR(nexus_slb_scan_request_packed(nullptr), NEXUS_ERR_INVALID, "args is NULL");
     }
     {

@@ -219,8 +219,7 @@ class SlbExactScanner:
         self._args = _native.ScanTopkExactArgs(  # one record: one argument to convert per call
             self._slb.handle.value, _ptr(self.query), self.k, _ptr(self._idx), _ptr(self._scores),
             _native.address(self._n_out), _native.address(self._rescored))
-        self._call = _native.FastCall("nexus_slb_scan_topk_exact_packed", _native.ref(self._args))
-        self._status = self._call.status
+        self._status = _native.FastCall("nexus_slb_scan_topk_exact_packed", _native.ref(self._args)).status
 
     @property
     def last_rescored(self) -> int:
@@ -234,8 +233,7 @@ class SlbExactScanner:
                 np.copyto(self.query, query_f32, casting="same_kind")
             except (TypeError, ValueError):
                 raise UsageError(f"query must be a float array of {self.dim} values") from None
-        st = self._status()
-        if st:
+        if st := self._status():  # the bound call (FastCall.status): a status to check, 0 for success
             _native.check(st)
         if self.n:  # the scan writes min(k, n) results: self.k of them, unless there are no rows
             return self._idx, self._scores
@@ -268,8 +266,7 @@ class SlbScanner:
         # is set in it in place
         self._args = _native.ScanTopkArgs(self.prepared.handle.value, _ptr(self.query), 0.0, self.k, _ptr(self._idx),
                                           _ptr(self._scores), _native.address(self._n_out))
-        self._call = _native.FastCall("nexus_slb_scan_topk_packed", _native.ref(self._args))
-        self._status = self._call.status
+        self._status = _native.FastCall("nexus_slb_scan_topk_packed", _native.ref(self._args)).status
 
     def topk(self, query_q: np.ndarray, query_scale: float) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -279,8 +276,7 @@ class SlbScanner:
         except (TypeError, ValueError, NotImplementedError):
             raise UsageError(f"query must be an int8 array of {self.dim} values") from None
         self._args.query_scale = query_scale
-        st = self._status()
-        if st:
+        if st := self._status():  # the bound call (FastCall.status): a status to check, 0 for success
             _native.check(st)
         if self.n:  # the scan writes min(k, n) results: self.k of them, unless there are no rows
             return self._idx, self._scores
@@ -369,8 +365,8 @@ class SlbToolScorer:
         self._request_args = _native.ScanRequestArgs(
             self._slb.handle.value, _ptr(self._queries), 1, self._floor_k, _ptr(self._offsets), self.n_tools,
             self._base, _ptr(self._token_records), _ptr(self._token_offsets), 0.0, _ptr(self._fused))
-        self._request = _native.FastCall("nexus_slb_scan_request_packed", _native.ref(self._request_args))
-        self._request_status = self._request.status
+        self._request_status = _native.FastCall("nexus_slb_scan_request_packed",
+                                                _native.ref(self._request_args)).status
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         try:
@@ -400,7 +396,7 @@ class SlbToolScorer:
             m = len(records)
             if ends[n - 1] != m:
                 raise UsageError("the last text's tokens must end at the last postings record")
-            if n >= len(self._query_rows) or m > self._token_record_cells._length_:
+            if n >= len(self._query_rows) or m > self._token_records.size:
                 self._grow(max(n, self._queries.shape[0]), max(m, self._token_records.size))
             self._token_record_cells[:m] = records
             offsets = self._token_offsets
@@ -419,8 +415,7 @@ class SlbToolScorer:
         args = self._request_args
         args.n_texts = n
         args.lex_weight = lex_weight if with_lex else 0.0
-        st = self._request_status()
-        if st:
+        if st := self._request_status():
             _native.check(st)
         return self._fused
 
@@ -442,8 +437,8 @@ class ToolRanker:
         self._margin = _native.c_f64(0.0)
         self._args = _native.RankArgs(_ptr(self.scores), self.n, self.k, _ptr(self._groups), _ptr(self._order),
                                       _native.address(self._n_out), _native.address(self._margin))
-        self._call = _native.FastCall("nexus_rank_tools_packed", _native.ref(self._args))  # one record: one argument
-        self._status = self._call.status
+        # one record: one argument to convert per call
+        self._status = _native.FastCall("nexus_rank_tools_packed", _native.ref(self._args)).status
 
     def rank(self, scores: np.ndarray) -> tuple[np.ndarray, float]:
         """(the k best tools' indices, a new array; the margin)."""
@@ -451,8 +446,7 @@ class ToolRanker:
             np.copyto(self.scores, scores, casting="same_kind")
         except (TypeError, ValueError):
             raise UsageError(f"scores must be a float array of {self.n} values") from None
-        st = self._status()
-        if st:
+        if st := self._status():  # the bound call (FastCall.status): a status to check, 0 for success
             _native.check(st)
         return self._order.copy(), self._margin.value  # k <= n, so the native call always fills all k
 

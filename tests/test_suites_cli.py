@@ -161,6 +161,24 @@ def test_routing_lso_smoke(tmp_path):
     assert (tmp_path / "routing-lso" / "latest.json").is_file()
 
 
+@pytest.mark.skipif(not _native() or not REGISTRIES.is_dir() or not _have_minilm() or not _have("smollm2-135m"),
+                    reason="needs libnexus, ../shared/registries, the MiniLM embedder and SmolLM2")
+def test_routing_lso_times_escalated_decisions_cold_and_warm(tmp_path):
+    """Every escalated request is routed again with its candidates' prefixes decoded: the same choice, timed apart
+    (the warm decision); `--no-warm` skips that pass."""
+    args = ("bench", "routing-lso", "--part", "dev", "--embedder", "minilm", "--reranker", "likelihood",
+            "--model", "smollm2-135m", "--max-queries", "8", "--out", str(tmp_path))
+    doc = nexus(*args)
+    s, rows = doc["summary"], doc["samples"]["queries"]
+    escalated = [r for r in rows if r["escalated"]]
+    assert escalated and doc["params"]["warm"] is True
+    assert all(r["choice_warm"] == r["choice"] and r["ms_warm"] > 0 for r in escalated)
+    assert not any("ms_warm" in r for r in rows if not r["escalated"])
+    assert s["warm_same_choice"] == len(escalated) == s["ms_escalated_warm"]["median"]["n"] == s["ms_escalated"]["median"]["n"]
+    cold = nexus(*args, "--no-warm")["summary"]
+    assert "ms_escalated_warm" not in cold and cold["ms_escalated"]["median"]["n"] == len(escalated)
+
+
 @pytest.mark.skipif(not _native() or not REGISTRIES.is_dir() or not _have_minilm(),
                     reason="needs libnexus, ../shared/registries and the MiniLM embedder")
 def test_routing_lso_reports_each_query_set_and_takes_a_history_weight(tmp_path):

@@ -24,6 +24,7 @@ def command(
     history_weight: Optional[float] = typer.Option(None, "--history-weight", help="Share of the history-prefixed request in the scores of a request with a history (default: the router's)."),
     registry_dir: Optional[str] = options.registry_dir(),
     max_queries: Optional[int] = typer.Option(None, "--max-queries", help="Use only the first N requests."),
+    warm: bool = typer.Option(True, "--warm/--no-warm", help="Route the escalated requests a second time with their candidates' prefixes decoded, and time that too (the warm decision)."),
     seed: int = options.seed(),
     quick: bool = options.quick("CI smoke run: the first 24 requests."),
     out: str = options.results_out("routing-lso"),
@@ -36,7 +37,7 @@ def command(
     with stage_progress("routing-lso") as prog:
         doc = stage.run(part=part, queries=queries, reranker=reranker, rerank_k=rerank_k, model=model,
                         synthesize_model=(synthesize_model or SYNTHESIS_MODEL) if synthesize else None,
-                        lex_weight=lex_weight, history_weight=history_weight, registry_dir=registry_dir, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
+                        lex_weight=lex_weight, history_weight=history_weight, registry_dir=registry_dir, warm=warm, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 
@@ -53,4 +54,11 @@ def render(doc: dict, console) -> None:
         console.print(f"  set {name}: n {row['n']} · top-1 {fmt_ci(row['top1'], 1, 100)} % · "
                       f"top-3 {fmt_ci(row['top3'], 1, 100)} %", highlight=False)
     console.print(f"  median {s['ms_median']:.1f} ms a request", highlight=False)
+    for key, what in (("ms_escalated", "escalated, prefixes cold"), ("ms_escalated_warm", "escalated, prefixes warm")):
+        if s.get(key):
+            console.print(f"  {what:24s} median {fmt_ci(s[key]['median'], 0)} ms, mean {s[key]['mean']:.0f} ms",
+                          highlight=False)
+    if s.get("ms_escalated_warm"):
+        console.print(f"  the warm pass chose the same tool for {s['warm_same_choice']} of "
+                      f"{s['ms_escalated_warm']['median']['n']} escalated requests", highlight=False)
     console.print(f"[dim]{env_line(doc)}[/]", highlight=False)

@@ -193,7 +193,9 @@ def routing_lso(doc) -> list[str]:
             f"| top-1 % counting interchangeable copies | {_ci(s['top1_interchangeable'], 1, 100)} |",
             f"| follow-ups top-1 % (n = {s['n_follow_up']}) | {_ci(s['follow_up_top1'], 1, 100)} |",
             f"| decisions escalated % | {_ci(s['escalated'], 1, 100)} |",
-            f"| median decision ms | {s['ms_median']:.0f} |"]
+            f"| median decision ms | {s['ms_median']:.0f} |"] + [
+            f"| median escalated decision ms, {what} | {_ci(s[key]['median'], 0)} |"
+            for key, what in (("ms_escalated", "prefixes cold"), ("ms_escalated_warm", "prefixes warm")) if s.get(key)]
 
 
 def card_splice(doc) -> list[str]:

@@ -16,9 +16,9 @@ EXAMPLES = REPO / "tool_registries" / "examples" / "shared_registries.jsonl"
 # indexes built without examples by an embedder that never saw their servers' examples, so an example that resembles
 # one of their requests reaches neither side of that measurement. The *_history.jsonl sets are copies of requests of
 # these files and of routing.jsonl with another conversation's history (benchmarks/history_pairs.py), scored the
-# same way only.
+# same way only; routing_test_followups.jsonl holds follow-ups over the test servers, scored the same way only.
 LSO_ONLY = {"routing_heldout_servers.jsonl", "routing_dev_servers.jsonl", "routing_dev_servers_history.jsonl",
-            "routing_test_history.jsonl"}
+            "routing_test_history.jsonl", "routing_test_followups.jsonl"}
 HELD_OUT = sorted(p for p in (REPO / "benchmarks" / "queries").glob("*.jsonl") if p.name not in LSO_ONLY)
 NEAR_COPY = 0.5  # Jaccard index of the word sets at which a request counts as a copy of a held-out query
 

@@ -54,3 +54,61 @@ def test_readme_block_is_replaced_between_its_markers():
     assert rs.with_tables(out, "### X\n") .count(rs.README_BEGIN) == 1
     with pytest.raises(ValueError):
         rs.with_tables("# no markers\n", "### X\n")
+
+
+def test_a_stopped_run_goes_on_with_the_suites_it_had_not_finished(tmp_path, monkeypatch):
+    """After each suite the finished ones are kept; the same commit of a clean tree runs only the rest (a failed
+    suite again), the report lists both segments and sums them; the record goes once every suite has finished.
+    Another commit, a dirty tree or fresh=True starts over."""
+    ran: list[str] = []
+    state = {"stop_at": "dkl", "fail": {"gate"}}
+
+    def fake_suite(suite, out, quick):
+        if suite == state["stop_at"]:
+            raise KeyboardInterrupt  # the run is stopped here: nothing after it runs
+        ran.append(suite)
+        if suite in state["fail"]:
+            raise RuntimeError("broken")
+        return {"ok": True}
+
+    git = {"sha": "a" * 40, "short": "aaaaaaaa", "dirty": False}
+    monkeypatch.setattr(results_all, "run_suite", fake_suite)
+    monkeypatch.setattr(results_all, "git_info", lambda: dict(git))
+    monkeypatch.setattr(results_all, "environment", lambda: {})
+    quick_suites = results_all._mode_suites(True)
+    partial = tmp_path / ".partial-results_all-quick.json"
+
+    with pytest.raises(KeyboardInterrupt):
+        results_all.run_all(quick=True, out=tmp_path)
+    first = quick_suites[:quick_suites.index("dkl")]
+    assert ran == first and partial.is_file()
+
+    ran.clear()
+    state["stop_at"] = None
+    report = results_all.run_all(quick=True, out=tmp_path)
+    assert ran == quick_suites[len(first):] and report["failed"] == 1
+    assert all(report["suites"][s].get("earlier_segment") for s in first)
+    assert [seg["suites"] for seg in report["segments"]] == [first, ran]
+    assert report["total_seconds"] == pytest.approx(sum(seg["wall_s"] for seg in report["segments"]), abs=0.2)
+    assert partial.is_file()  # gate failed: kept, so that it runs again
+
+    ran.clear()
+    state["fail"] = set()
+    report = results_all.run_all(quick=True, out=tmp_path)
+    assert ran == ["gate"] and report["failed"] == 0 and len(report["segments"]) == 3 and not partial.exists()
+
+    ran.clear()
+    results_all.run_all(quick=True, out=tmp_path, only=["slb", "l0"])  # a part of the suites: its record stays
+    assert ran == ["slb", "l0"] and partial.is_file()
+    ran.clear()
+    results_all.run_all(quick=True, out=tmp_path, only=["slb", "l0"])
+    assert ran == []
+    for change in ({"sha": "b" * 40}, {"dirty": True}):  # another commit, or a dirty tree: everything runs
+        ran.clear()
+        monkeypatch.setattr(results_all, "git_info", lambda c=change: {**git, **c})
+        results_all.run_all(quick=True, out=tmp_path, only=["slb", "l0"])
+        assert ran == ["slb", "l0"]
+    monkeypatch.setattr(results_all, "git_info", lambda: dict(git))
+    ran.clear()
+    results_all.run_all(quick=True, out=tmp_path, only=["slb", "l0"], fresh=True)
+    assert ran == ["slb", "l0"]

@@ -24,18 +24,22 @@ def all_command(
     out: Optional[str] = typer.Option(None, "--out", help="Results folder (default results/, or .nexus/results-quick/ with --quick)."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated suites to run: slb, l0, deep-splice, dkl, gate, routing, args."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated suites to skip."),
+    fresh: bool = typer.Option(False, "--fresh", help="Run every suite, also those a stopped run on this commit finished (by default they are not run again)."),
     as_json: bool = options.as_json(),
 ) -> None:
     from ..lab.results_all import run_all  # lazy: loads every suite, so `nexus --help` stays fast
 
-    report = run_all(quick=quick, out=out, only=_suites(only), skip=_suites(skip))
+    report = run_all(quick=quick, out=out, only=_suites(only), skip=_suites(skip), fresh=fresh)
     if as_json:
         emit_json(report)
     else:
         c = stdout_console()
         for suite, r in report["suites"].items():
-            c.print(f"{suite:12s} {r['status']:7s} {r['seconds']:8.1f} s" + (f"  {r['error']}" if r["error"] else ""))
-        c.print(f"{'total':12s} {'':7s} {report['total_seconds']:8.1f} s ({report['total_seconds'] / 60:.1f} min)")
+            c.print(f"{suite:12s} {r['status']:7s} {r['seconds']:8.1f} s" + (f"  {r['error']}" if r["error"] else "")
+                    + ("  (an earlier segment)" if r.get("earlier_segment") else ""))
+        segs = len(report["segments"])
+        c.print(f"{'total':12s} {'':7s} {report['total_seconds']:8.1f} s ({report['total_seconds'] / 60:.1f} min"
+                + (f", {segs} segments)" if segs > 1 else ")"))
     if report["failed"]:
         raise NexusError(f"{report['failed']} suite(s) failed", hint="see the lines above")
 

@@ -11,10 +11,19 @@ suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), i
 committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
 exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
 <out>/results_all.json).
+
+Resume: the full run takes hours on two cores, so after each suite the suites done so far are kept in
+`<out>/.partial-results_all[-quick].json` (written atomically; git-ignored). Started again on the same commit of a
+clean tree, `results all` skips the suites that finished (their results are on disk already) and runs the rest; a
+failed suite runs again. The report lists every segment (start, wall time, load, the suites it ran) and its total is
+their sum. Another commit or a dirty tree starts over and a dirty tree keeps nothing; `fresh=True` (`--fresh`) starts
+over too. The file is removed once every suite has finished.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import traceback
@@ -40,7 +49,7 @@ from . import (
     sweep_gate,
 )
 from .common import Progress
-from .results import environment, write_json_doc
+from .results import environment, git_info, write_json_doc
 
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
@@ -119,22 +128,72 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
     return {"ok": True, "doc": doc}
 
 
+class _Resume:
+    """The suites a run on this commit has finished, kept on disk (module doc, "Resume")."""
+
+    def __init__(self, out: Path, quick: bool, fresh: bool):
+        self.path = out / (".partial-results_all-quick.json" if quick else ".partial-results_all.json")
+        git = git_info()
+        self.key = {"git": git.get("sha"), "clean": git.get("dirty") is False, "quick": quick}
+        self.done: dict[str, dict] = {}
+        self.segments: list[dict] = []
+        if fresh or not self.key["clean"] or not self.path.is_file():
+            return
+        try:
+            kept = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        if kept.get("key") == self.key:
+            self.done = {k: v for k, v in (kept.get("suites") or {}).items() if v.get("status") == "ok"}
+            self.segments = list(kept.get("segments") or [])
+
+    def keep(self, suites: dict, segment: dict) -> None:
+        if not self.key["clean"]:
+            return  # a dirty tree's run cannot be told from another edit's: never resumed
+        out = {**self.done, **suites}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_doc(self.path, {"key": self.key, "suites": out, "segments": self.segments + [segment]})
+
+    def remove(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _load() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def _mode_suites(quick: bool) -> list[str]:
+    """Every suite a full or a quick run runs: quick runs are on SmolLM2 already, and the other models' suites would
+    repeat them."""
+    return [s for s in ORDER if not (quick and s in SECOND_FAMILY_SUITES + LARGER_MODEL_SUITES)]
+
+
 def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] | None = None,
-            skip: list[str] | None = None) -> dict:
+            skip: list[str] | None = None, fresh: bool = False) -> dict:
     """Every suite in ORDER (less `skip`, or `only` those), one after another; a failing suite is reported and the
-    others still run. Returns the report (also written to <out>/results_all.json); report["failed"] counts."""
+    others still run; the suites an earlier, stopped run on this commit finished are not run again (module doc,
+    "Resume"). Returns the report (also written to <out>/results_all.json); report["failed"] counts."""
     out = Path(out) if out else (REPO_ROOT / (".nexus/results-quick" if quick else "results"))
     only, skip = list(only or []), set(skip or [])
     unknown = [s for s in only + sorted(skip) if s not in ORDER]
     if unknown:
         raise UsageError(f"unknown suite(s) {', '.join(unknown)} (known: {', '.join(ORDER)})")
-    # quick runs are on SmolLM2 already: the other models' suites would repeat them
-    suites = [s for s in ORDER if (not only or s in only) and s not in skip
-              and not (quick and s in SECOND_FAMILY_SUITES + LARGER_MODEL_SUITES)]
+    suites = [s for s in _mode_suites(quick) if (not only or s in only) and s not in skip]
+    resume = _Resume(out, quick, fresh)
     t_all = time.perf_counter()
+    segment = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0,
+               "loadavg_1m_start": _load(), "loadavg_1m_end": None, "suites": []}
     report = {"quick": quick, "out": str(out), "suites": {}}
     failed = 0
     for suite in suites:
+        if suite in resume.done:
+            report["suites"][suite] = {**resume.done[suite], "earlier_segment": True}
+            print(f"{suite:12s} {'ok':7s} {resume.done[suite]['seconds']:8.1f} s  (an earlier segment)",
+                  file=sys.stderr, flush=True)
+            continue
         t0 = time.perf_counter()
         print(f"[results] {suite} ...", file=sys.stderr, flush=True)
         try:
@@ -147,10 +206,18 @@ def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] 
             traceback.print_exc(file=sys.stderr)
         dt = time.perf_counter() - t0
         report["suites"][suite] = {"status": status, "seconds": round(dt, 1), "error": err}
+        segment["suites"].append(suite)
+        segment["wall_s"] = round(time.perf_counter() - t_all, 1)
+        resume.keep({k: v for k, v in report["suites"].items() if not v.get("earlier_segment")}, segment)
         print(f"{suite:12s} {status:7s} {dt:8.1f} s" + (f"  {err}" if err else ""), file=sys.stderr, flush=True)
-    total = time.perf_counter() - t_all
-    report["total_seconds"] = round(total, 1)
+    segment["wall_s"] = round(time.perf_counter() - t_all, 1)
+    segment["loadavg_1m_end"] = _load()
+    report["segments"] = resume.segments + [segment]
+    report["total_seconds"] = round(sum(seg["wall_s"] for seg in report["segments"]), 1)
     report["failed"] = failed
+    finished = set(resume.done) | {k for k, v in report["suites"].items() if v["status"] == "ok"}
+    if finished >= set(_mode_suites(quick)):  # a run of some suites (--only) keeps the others' record
+        resume.remove()
     out.mkdir(parents=True, exist_ok=True)
     report["environment"] = environment()
     name = "results_all-quick.json" if quick else "results_all.json"

@@ -19,6 +19,7 @@ def command(
     oneshot_rounds: Optional[int] = typer.Option(None, "--oneshot-rounds", help="Rounds of one-shot processes (default 3)."),
     demo_rounds: Optional[int] = typer.Option(None, "--demo-rounds", help="Rounds of `make demo`'s request one-shot with arguments, each side once a round (default 5; 0 skips it)."),
     demo_baseline_ref: Optional[str] = typer.Option(None, "--demo-baseline-ref", help="The commit whose `make demo` request is the demo's baseline (default 39f5b35; 'none' to skip)."),
+    index_rounds: Optional[int] = typer.Option(None, "--index-rounds", help="Rounds of `nexus index` over a 298-tool registry of ../shared/registries, a fresh process each (default 3; 0 skips it)."),
     baseline_ref: Optional[str] = typer.Option(None, "--baseline-ref", help="The commit whose one-shot route is the baseline (default: the last one before the native scan step and encoder; 'none' to skip)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Request JSONL (default benchmarks/queries/routing.jsonl; only the text is used)."),
     registry_dir: Optional[str] = options.registry_dir(),
@@ -31,15 +32,17 @@ def command(
 
     s = options.settings(dict(small=small, reps=reps, oneshot_requests=oneshot_requests, oneshot_rounds=oneshot_rounds,
                               baseline_ref=baseline_ref, demo_rounds=demo_rounds,
-                              demo_baseline_ref=demo_baseline_ref), stage.DEFAULTS, quick, stage.QUICK)
+                              demo_baseline_ref=demo_baseline_ref, index_rounds=index_rounds), stage.DEFAULTS, quick,
+                       stage.QUICK)
     for k in ("baseline_ref", "demo_baseline_ref"):
         if s[k] in ("none", ""):
             s[k] = None
     for k in ("reps", "oneshot_requests", "oneshot_rounds"):
         if s[k] < 1:
             raise typer.BadParameter("must be at least 1", param_hint=f"--{k.replace('_', '-')}")
-    if s["demo_rounds"] < 0:
-        raise typer.BadParameter("must be 0 or more", param_hint="--demo-rounds")
+    for k in ("demo_rounds", "index_rounds"):
+        if s[k] < 0:
+            raise typer.BadParameter("must be 0 or more", param_hint=f"--{k.replace('_', '-')}")
     with stage_progress("latency", enabled=not as_json) as prog:
         doc = stage.run(queries=queries, registry_dir=registry_dir, seed=seed, quick=quick, out_dir=out, progress=prog,
                         **s)
@@ -83,4 +86,8 @@ def render(doc: dict, console) -> None:
                   fmt_ci(d["product"]["wall"]["median_ci_ms"], 0),
                   f"{d.get('baseline_ref')} {fmt_ci(base['wall']['median_ci_ms'], 0)}" if base else "—",
                   fmt_speedup(d.get("speedup")) if base else "—")
+    ib = s.get("index_build")
+    if ib:
+        t.add_row(f"`nexus index`, {ib['tools']} tools, no synthesis, a fresh process (ms; target {ib['target_s']} s)",
+                  fmt_ci(ib["wall"]["median_ci_ms"], 0), "—", "—")
     console.print(t)

@@ -70,9 +70,12 @@ WORKTREES = REPO_ROOT / ".nexus" / "bench-latency"
 # thread fewer and its process ended without teardown (the 18c2df6 of the other one-shot rows wrote arguments with
 # the 0.5B model, the default then: another answer's cost, not a baseline for the same work)
 DEFAULTS = dict(small=250, reps=20, oneshot_requests=8, oneshot_rounds=3, baseline_ref="18c2df6", demo_rounds=5,
-                demo_baseline_ref="39f5b35")
+                demo_baseline_ref="39f5b35", index_rounds=3)
 QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_ref=None, demo_rounds=0,
-             demo_baseline_ref=None)
+             demo_baseline_ref=None, index_rounds=0)
+# A registry of about 300 tools for `nexus index` (the routing issue's size): five servers of ../shared/registries,
+# 298 tools, no example requests
+INDEX_REGISTRY_FILES = ("github.json", "playwright.json", "kubernetes.json", "github_legacy.json", "github-archived.json")
 DEMO_REGISTRY = REPO_ROOT / "tool_registries"  # `make demo` indexes this folder and routes DEMO_REQUEST over it
 DEMO_REQUEST = "open a pull request in acme/api from feature/login into main titled Add login page"
 TOP = 10  # candidates ranked after the scores, as the router ranks them
@@ -497,23 +500,55 @@ def measure_demo(rounds: int, baseline_ref: str | None, progress) -> dict:
     return out
 
 
+def measure_index_build(registry_dir: Path, rounds: int, progress) -> dict:
+    """`nexus index` of a ~300-tool registry without synthesis (INDEX_REGISTRY_FILES), as a user runs it: a fresh
+    process each round into an empty folder, its wall time and the command's own step times. The first round also
+    reads the files from disk; every round loads the embedder and embeds every tool text again (nothing is cached
+    between runs of `nexus index`)."""
+    files = [registry_dir / name for name in INDEX_REGISTRY_FILES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise UsageError(f"the index registry is missing {missing[0]}")
+    wall, steps, tools = [], {}, None
+    for r in range(rounds):
+        out = WORKTREES / "index-build"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", *map(str, files), "--out", str(out),
+                            "--json"], cwd=str(REPO_ROOT), capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise NexusError(f"nexus index failed: {p.stderr.strip().splitlines()[-1:]}")
+        doc = json.loads(p.stdout)
+        tools = doc["n_tools"]
+        wall.append(dt)
+        for step, sec in doc["seconds"].items():
+            steps.setdefault(step, []).append(float(sec))
+        progress.advance(f"index round {r + 1}")
+    shutil.rmtree(WORKTREES / "index-build", ignore_errors=True)
+    return {"registry": [f.name for f in files], "tools": tools, "rounds": rounds, "wall": _ms(wall),
+            "steps_ms": {k: _ms(v) for k, v in steps.items()}, "target_s": 120}
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rounds: int = 3,
         baseline_ref: str | None = None, queries: str | None = None, registry_dir=None, seed: int = 0,
         quick: bool = False, out_dir="results", progress=NULL_PROGRESS, demo_rounds: int = 0,
-        demo_baseline_ref: str | None = None) -> dict:
+        demo_baseline_ref: str | None = None, index_rounds: int = 0) -> dict:
     requests = _load_requests(Path(queries) if queries else DEFAULT_QUERIES)
     if quick:
         requests = requests[:12]
     run_ = Run(SUITE, params={"small": small, "reps": reps, "oneshot_requests": oneshot_requests,
                               "oneshot_rounds": oneshot_rounds, "baseline_ref": baseline_ref,
                               "demo_rounds": demo_rounds, "demo_baseline_ref": demo_baseline_ref,
+                              "index_rounds": index_rounds,
                               "queries": str(queries or DEFAULT_QUERIES.relative_to(REPO_ROOT)),
                               "requests": len(requests), "embedder": DEFAULT_EMBEDDER, "quick": quick,
                               "simd_level": kernels.simd_level()}, seed=seed)
-    progress.set_total(6 + 2 * oneshot_rounds + demo_rounds)
-    pool = pool_tools(Path(registry_dir) if registry_dir else registry_dir_default())
+    progress.set_total(6 + 2 * oneshot_rounds + demo_rounds + index_rounds)
+    reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
+    pool = pool_tools(reg_dir)
     if not 2 <= small <= len(pool):
         raise UsageError(f"--small must be between 2 and {len(pool)}")
     small_tools = sorted(random.Random(f"{seed}/latency/{small}").sample(range(len(pool)), small))
@@ -552,5 +587,7 @@ def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rou
     summary["indexes"] = {k: str(Path(v).relative_to(REPO_ROOT)) for k, v in (("small", small_dir), ("all", all_dir))}
     if demo_rounds:
         summary["demo"] = measure_demo(demo_rounds, demo_baseline_ref, progress)
+    if index_rounds:
+        summary["index_build"] = measure_index_build(reg_dir, index_rounds, progress)
 
     return run_.write(summary, out_dir=out_dir)

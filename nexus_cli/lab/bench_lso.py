@@ -6,7 +6,8 @@ without any example request (a user's own registry nobody wrote examples for), a
 in the part is routed as `nexus route` routes it (with `--synthesize`, the index also holds the requests the LLM
 writes for each tool, as `nexus index --synthesize` builds it: still no hand-written example). Reported: top-1 and top-3 with Wilson intervals, strictly and
 counting a pick of the same tool on another server (interchangeable) as right, overall and for follow-ups (requests
-with a history); each request's decision is kept in the samples.
+with a history); each request's decision is kept in the samples. Escalated decisions are timed twice: in the first
+pass with their candidates' prefixes cold, then routed again with them decoded (warm; `warm=False` skips it).
 
 Requests: `--queries FILE` (repeatable); by default, for dev the dev servers' example requests (never trained on:
 the embedder learns from train servers only), for test the held-out query sets benchmarks/queries/routing.jsonl and

@@ -112,3 +112,27 @@ def test_a_stopped_run_goes_on_with_the_suites_it_had_not_finished(tmp_path, mon
     ran.clear()
     results_all.run_all(quick=True, out=tmp_path, only=["slb", "l0"], fresh=True)
     assert ran == ["slb", "l0"]
+
+
+def test_a_full_run_starts_each_suite_once_the_load_has_settled(tmp_path, monkeypatch, capsys):
+    """Before each suite of a full run, the 1-minute load average is polled until it is under half the cores; the
+    load the suite starts at is in the report. A load that stays high is waited for at most SETTLE_MAX_S."""
+    import os
+
+    loads = iter([2.0, 1.9, 1.5, 0.8, 0.4])  # the first is the segment's start
+    slept: list[float] = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(results_all, "_load", lambda: next(loads, 0.3))
+    monkeypatch.setattr(results_all.time, "sleep", lambda s: slept.append(s))
+    monkeypatch.setattr(results_all, "run_suite", lambda suite, out, quick: {"ok": True})
+    monkeypatch.setattr(results_all, "git_info", lambda: {"sha": "c" * 40, "short": "cccccccc", "dirty": True})
+    monkeypatch.setattr(results_all, "environment", lambda: {})
+    report = results_all.run_all(out=tmp_path, only=["slb", "l0"])
+    assert slept == [results_all.SETTLE_POLL_S] * 2  # 1.9, 1.5: waited; 0.8 < 1.0: slb starts; 0.4: l0 at once
+    assert [report["suites"][s]["loadavg_1m_start"] for s in ("slb", "l0")] == [0.8, 0.4]
+    assert "waiting for the load average (1.90)" in capsys.readouterr().err
+
+    slept.clear()
+    monkeypatch.setattr(results_all, "_load", lambda: 1.7)  # never settles: the suite starts after the longest wait
+    assert results_all._settle("slb") == 1.7
+    assert sum(slept) == results_all.SETTLE_MAX_S and "starts anyway" in capsys.readouterr().err

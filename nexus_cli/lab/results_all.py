@@ -18,6 +18,9 @@ clean tree, `results all` skips the suites that finished (their results are on d
 failed suite runs again. The report lists every segment (start, wall time, load, the suites it ran) and its total is
 their sum. Another commit or a dirty tree starts over and a dirty tree keeps nothing; `fresh=True` (`--fresh`) starts
 over too. The file is removed once every suite has finished.
+
+Idle: a full run starts each suite once the 1-minute load average has fallen below half the cores (at most a 3-minute
+wait), so that the load each suite records at its start says whether the machine was idle.
 """
 
 from __future__ import annotations
@@ -165,6 +168,31 @@ def _load() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+SETTLE_SHARE = 0.5  # a suite starts once the 1-minute load average is under this share of the cores ...
+SETTLE_MAX_S = 180.0  # ... or after this long, with a warning
+SETTLE_POLL_S = 5.0
+
+
+def _settle(label: str) -> float | None:
+    """Wait until the 1-minute load average is below SETTLE_SHARE of the cores (at most SETTLE_MAX_S), so that each
+    suite's recorded load at its start says whether the machine was idle: the average lags what ran before (`make
+    setup`'s build, the previous suite) by about a minute after it ended. Returns the load the suite starts at."""
+    limit = SETTLE_SHARE * (os.cpu_count() or 1)
+    load = _load()
+    waited = 0.0
+    while load is not None and load >= limit and waited < SETTLE_MAX_S:
+        if waited == 0.0:
+            print(f"[results] waiting for the load average ({load:.2f}) to fall below {limit:.1f} before {label}",
+                  file=sys.stderr, flush=True)
+        time.sleep(SETTLE_POLL_S)
+        waited += SETTLE_POLL_S
+        load = _load()
+    if load is not None and load >= limit:
+        print(f"[results] warning: the load average is still {load:.2f}; {label} starts anyway", file=sys.stderr,
+              flush=True)
+    return load
+
+
 def _mode_suites(quick: bool) -> list[str]:
     """Every suite a full or a quick run runs: quick runs are on SmolLM2 already, and the other models' suites would
     repeat them."""
@@ -194,6 +222,7 @@ def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] 
             print(f"{suite:12s} {'ok':7s} {resume.done[suite]['seconds']:8.1f} s  (an earlier segment)",
                   file=sys.stderr, flush=True)
             continue
+        load_start = None if quick else _settle(suite)  # a smoke run's timings are not figures: no wait
         t0 = time.perf_counter()
         print(f"[results] {suite} ...", file=sys.stderr, flush=True)
         try:
@@ -205,7 +234,8 @@ def run_all(quick: bool = False, out: str | Path | None = None, only: list[str] 
             failed += 1
             traceback.print_exc(file=sys.stderr)
         dt = time.perf_counter() - t0
-        report["suites"][suite] = {"status": status, "seconds": round(dt, 1), "error": err}
+        report["suites"][suite] = {"status": status, "seconds": round(dt, 1), "error": err,
+                                   "loadavg_1m_start": load_start}
         segment["suites"].append(suite)
         segment["wall_s"] = round(time.perf_counter() - t_all, 1)
         resume.keep({k: v for k, v in report["suites"].items() if not v.get("earlier_segment")}, segment)

@@ -35,7 +35,6 @@ kept in the samples and the maximum is reported.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import numpy as np
@@ -48,7 +47,7 @@ from ..splice.fidelity import filler_tokens, query_tokens
 from ..splice.render import prefix_tokens
 from . import stats
 from .common import DEFAULT_TOOL, NULL_PROGRESS, Progress, compile_block, context, find_tool
-from .results import Run, model_identity, model_variant, suite_dir, to_jsonable
+from .results import Run, loadavg_1m, model_identity, model_variant, suite_dir, to_jsonable
 
 SUITE = "deep-splice"
 DEFAULTS = dict(model=DEFAULT_LLM, ks=[4.0, 16.0], depths=[256, 512, 1024, 2048], trials=15, tool=DEFAULT_TOOL,
@@ -268,7 +267,7 @@ class _Checkpoint:
     def _segment(self) -> dict:
         return {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.run.started)),
                 "wall_s": round(time.perf_counter() - self.run._t0, 3), "loadavg_1m_start": self.run.load_start,
-                "loadavg_1m_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+                "loadavg_1m_end": loadavg_1m()}
 
     def segments(self) -> list[dict]:
         return self.earlier + [self._segment()]

@@ -64,6 +64,11 @@ def _git(*args: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def loadavg_1m() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 def git_info() -> dict:
     sha = _git("rev-parse", "HEAD")
     # results/ holds what runs write (each suite's latest.json), never what a run reads: a run after another is as
@@ -110,7 +115,7 @@ def cpu_info() -> dict:
         "logical_cores": os.cpu_count(),
         "usable_cores": usable,
         "flags": [f for f in interesting if f in flags],
-        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "loadavg_1m": loadavg_1m(),
     }
 
 
@@ -264,7 +269,7 @@ class Run:
         self._t0 = time.perf_counter()
         self.argv = ["nexus", *sys.argv[1:]] if Path(sys.argv[0]).name in ("nexus", "cli.py") else list(sys.argv)
         self.notes: list[str] = []
-        self.load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        self.load_start = loadavg_1m()
         # the tree the run measures is the one it starts on: an edit while it runs must not change its record
         self.git_start = git_info()
 
@@ -304,8 +309,7 @@ class Run:
         figure as latest[-<variant>].png. Returns the document with its paths under "files". From a dirty tree into
         the published results, latest is left alone and the figure is kept beside the stamped file instead."""
         cores = os.cpu_count() or 1
-        load = max(x for x in (self.load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None, 0.0)
-                   if x is not None)
+        load = max(x for x in (self.load_start, loadavg_1m(), 0.0) if x is not None)
         if load > cores:
             self.note(f"load average {load:.1f} over {cores} cores during the run: timings are not publishable; "
                       "re-take it on an idle machine")

@@ -52,7 +52,7 @@ from . import (
     sweep_gate,
 )
 from .common import Progress
-from .results import environment, git_info, write_json_doc
+from .results import environment, git_info, loadavg_1m, write_json_doc
 
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
@@ -165,7 +165,8 @@ class _Resume:
 
 
 def _load() -> float | None:
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    load = loadavg_1m()
+    return None if load is None else round(load, 2)
 
 
 SETTLE_SHARE = 0.5  # a suite starts once the 1-minute load average is under this share of the cores ...

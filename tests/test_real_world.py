@@ -56,6 +56,9 @@ def test_all_tools_index(shared_registries, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["n_tools"] == N_TOOLS, report
+    # by default the tools Nexus ships example requests for get them (all but github-archived's 26)
+    assert report["examples"]["n_tools_shipped"] == report["examples"]["n_tools_with"] == 929, report["examples"]
+    assert report["examples"]["n_unmatched_tools"] == 0
     tools = json.loads((out / "tools.json").read_text())
     assert len(tools) == N_TOOLS
     failed = [t for t in tools if not t.get("ok", True)]

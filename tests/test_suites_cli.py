@@ -106,6 +106,7 @@ def test_routing_smoke(tmp_path):
     doc = nexus("bench", "routing", "--sizes", "10", "--max-queries", "3", "--reranker", "none", "--no-oracle",
                 "--out", str(tmp_path))
     assert doc["suite"] == "routing" and (tmp_path / "routing" / "latest.png").is_file()
+    assert doc["params"]["shipped_examples"] is True  # its indexes as `nexus index` builds them by default
     row = doc["summary"]["rows"][0]
     assert row["size"] == "10" and row["n_queries"] == 3 and row["registry_tools"] == 10
     assert 0 <= row["accuracy"]["lo"] <= row["accuracy"]["value"] <= row["accuracy"]["hi"] <= 1

@@ -18,6 +18,7 @@ def command(
     model: Optional[str] = options.model("LLM of the concatenate-all oracle and of the likelihood / llm rerankers (default qwen2.5-0.5b)."),
     embedder: Optional[str] = options.embedder(),
     examples: Optional[str] = typer.Option(None, "--examples", help="Example requests JSONL given to every index (nexus index --examples), e.g. tool_registries/examples/shared_registries.jsonl."),
+    shipped_examples: bool = typer.Option(True, "--shipped-examples/--no-shipped-examples", help="Give each index the shipped example requests of the tools they cover, as nexus index does by default."),
     oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Run the concatenate-all-schemas oracle where it fits."),
     oracle_ctx: int = typer.Option(8192, "--oracle-ctx", help="Context of the oracle (tokens); larger prompts overflow."),
     oracle_max_queries: int = typer.Option(100, "--oracle-max-queries", help="Oracle on whole groups until this many queries (0: all)."),
@@ -33,7 +34,8 @@ def command(
     s = options.settings(dict(sizes=sizes, model=model, embedder=embedder, max_queries=max_queries), stage.DEFAULTS,
                          quick, stage.QUICK)
     with stage_progress("routing") as prog:
-        doc = stage.run(registry_dir=registry_dir, queries=queries, examples=examples, oracle=oracle,
+        doc = stage.run(registry_dir=registry_dir, queries=queries, examples=examples,
+                        shipped_examples=shipped_examples, oracle=oracle,
                         oracle_ctx=oracle_ctx, oracle_max_queries=oracle_max_queries or None, reranker=reranker,
                         seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)

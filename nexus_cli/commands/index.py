@@ -32,6 +32,7 @@ def index_command(
     lexical: bool = typer.Option(True, "--lexical/--no-lexical", help="Store the BM25 index for hybrid retrieval."),
     lex_weight: float = typer.Option(DEFAULT_LEX_WEIGHT, "--lex-weight", help="Weight of the normalized BM25 score in the fusion."),
     examples: Optional[List[str]] = typer.Option(None, "--examples", help="JSONL of example requests {server, tool, query}; each tool's first 12 become extra vectors and BM25 words, its first 4 join the reranker's prompt (repeatable)."),
+    shipped_examples: bool = typer.Option(True, "--shipped-examples/--no-shipped-examples", help="Give the tools that are tools of the public MCP servers Nexus ships example requests for (tool_registries/examples) those requests, as with --examples (docs/routing.md)."),
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Have the local LLM write example requests for every tool without --examples (cached per tool; resumes; slow: see docs/routing.md for tools per minute)."),
     synthesize_model: str = typer.Option(SYNTHESIS_MODEL, "--synthesize-model", help="The LLM that writes the requests (a model name or GGUF path)."),
     value_masking: bool = typer.Option(True, "--value-masking/--no-value-masking", help="Also score each request with its literal values (paths, titles, numbers) masked, and average."),
@@ -73,6 +74,11 @@ def index_command(
             seen.add(t.key)
         tools.extend(live)
         sources.append(f"mcp:{cmd}")
+    n_shipped = 0
+    if shipped_examples:
+        from ..routing.shipped_examples import with_shipped
+
+        example_requests, n_shipped = with_shipped(tools, example_requests)
     with progress() as bar:
         tasks: dict[str, int] = {}
 
@@ -86,7 +92,7 @@ def index_command(
                                                "example_positives": finetune_example_positives,
                                                "rounds": finetune_rounds},
                              value_masking=value_masking, examples=example_requests, synthesize=writer,
-                             quarantine=quarantine, progress=on_progress, sources=sources)
+                             quarantine=quarantine, progress=on_progress, sources=sources, n_shipped=n_shipped)
     if as_json:
         emit_json(report.as_json())
         return
@@ -100,6 +106,7 @@ def index_command(
     ex = report.examples
     if ex:
         c.print(f"examples: {ex['n_requests']} requests for {ex['n_tools_with']} of {report.n_tools} tools"
+                + (f", the shipped ones for {n_shipped}" if n_shipped else "")
                 + (f" ({ex['n_unmatched_tools']} tools named in the examples are not in this registry)"
                    if ex["n_unmatched_tools"] else ""))
     syn = (ex or {}).get("synthesized")

@@ -44,6 +44,7 @@ from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_LLM, REPO_ROO
 from ..errors import NexusError, UsageError
 from ..registry import load_example_requests, load_registries
 from ..routing.build import BUILD_REVISION, build_index, match_examples
+from ..routing.shipped_examples import with_shipped
 from ..routing.router import Router, RouterConfig
 from ..routing.scoring import dense_tool_scores
 from ..splice.render import render_schema
@@ -250,6 +251,7 @@ def run(
     model: str = DEFAULT_LLM,
     embedder: str = DEFAULT_EMBEDDER,
     examples: str | None = None,
+    shipped_examples: bool = True,
     oracle: bool = True,
     oracle_ctx: int = 8192,
     oracle_max_queries: int | None = 100,
@@ -270,7 +272,8 @@ def run(
     params = dict(registry_dir=os.path.relpath(reg_dir, REPO_ROOT), sizes=[s or "ALL" for s in size_list],
                   queries=os.path.relpath(qpath, REPO_ROOT), n_queries=len(qs), pool="all", pool_tools=len(tools),
                   model=model, embedder=embedder,
-                  examples=os.path.relpath(examples, REPO_ROOT) if examples else None, oracle=oracle, oracle_ctx=oracle_ctx,
+                  examples=os.path.relpath(examples, REPO_ROOT) if examples else None,
+                  shipped_examples=shipped_examples, oracle=oracle, oracle_ctx=oracle_ctx,
                   oracle_max_queries=oracle_max_queries, reranker=reranker,
                   max_queries=max_queries, n_boot=n_boot, quick=quick,
                   grouping="queries in file order, <= N/2 distinct gold tools per group, distractors seeded per group")
@@ -300,7 +303,9 @@ def run(
                     oracle_tokens.append(len(orc.prompt_prefix(reg)) + longest_q)
                 oracle_fits = max(oracle_tokens) + 64 <= oracle_ctx
             for gi, (qi, reg) in enumerate(plans[size]):
-                ipath = _index_for(reg, emb, example_requests)
+                # as `nexus index` builds it: the shipped requests for the tools they cover, unless turned off
+                ipath = _index_for(reg, emb, with_shipped(reg, example_requests)[0] if shipped_examples
+                                   else example_requests)
                 router = Router(ipath, RouterConfig(reranker=reranker, model=model,
                                                     prefix_store=False), embedder=emb,
                                 llm=shared_llm)

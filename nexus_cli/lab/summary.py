@@ -137,7 +137,9 @@ def _interchangeable(row) -> str:
 def routing(doc) -> list[str]:
     s = doc["summary"]
     p = doc["params"]
-    with_examples = f" — indexes built with the example requests of `{p['examples']}`" if p.get("examples") else ""
+    with_examples = (f" — indexes built with the example requests of `{p['examples']}`" if p.get("examples")
+                     else " — indexes built with the shipped example requests (the default)" if p.get("shipped_examples")
+                     else "")
     out = [f"### Routing vs registry size (Fig. 5, Table IV) — {p['n_queries']} queries{with_examples}", "",
            f"_{_machine(doc)}_", "",
            "| N | accuracy % [95 % CI] | + interchangeable % | paper | no reranker % | retriever top-1 / top-3 % | SLB top-1 / top-3 % | τ | fire % | scan in-situ µs | scan native µs | oracle |",
@@ -359,7 +361,8 @@ def _headline_rows(out_dir: Path) -> list[str]:
     add("routing", "routing top-1 at N = 250 and over all 955 tools", lambda s, p: " / ".join(
         f"{'all' if r['size'] == 'ALL' else 'N = ' + r['size']}: {_ci(r['accuracy'], 1, 100)} %"
         for r in s["rows"] if r["size"] in ("250", "ALL"))
-        + (f" (examples: `{p['examples']}`, embedder `{Path(str(p['embedder'])).name}`)" if p.get("examples") else ""),
+        + (f" (examples: `{p['examples']}`, embedder `{Path(str(p['embedder'])).name}`)" if p.get("examples")
+           else " (the shipped example requests, the default)" if p.get("shipped_examples") else ""),
         "89 % at 250")
     add("routing-lso", "routing on servers never trained on, no examples (top-1 / top-3)", lambda s, p: (
         f"{_ci(s['top1'], 1, 100)} / {_ci(s['top3'], 1, 100)} % ({p['tools']} tools, {s['n']} requests, {p['part']})"),

@@ -220,10 +220,12 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
                 finetune: bool = False, finetune_options: dict | None = None,
                 value_masking: bool = DEFAULT_VALUE_MASKING, examples: dict[str, list[str]] | None = None,
                 synthesize=None, quarantine: bool = False, sanitize: bool = True,
-                progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = ()) -> BuildReport:
+                progress: Callable[[str, int, int], None] | None = None, sources: Sequence[str] = (),
+                n_shipped: int = 0) -> BuildReport:
     """Build an index for `tools` into directory `out` atomically. `progress(stage, done, total)` is optional.
     `examples` ({"server/tool": [request, ...]}, registry.load_example_requests) adds requests as extra vectors.
     `synthesize` (a synthesize.RequestWriter) writes example requests for the tools `examples` does not cover.
+    `n_shipped`: how many tools' requests in `examples` are the shipped ones (routing.shipped_examples), recorded.
     `embedder_name` is what the manifest records and `nexus route` loads to embed requests; left out, it is the given
     embedder's own model (so an index is never read with another model than the one that embedded it).
     Every tool is audited (audit.audit_tools): `quarantine` leaves out the tools with a quarantine finding; the index
@@ -269,6 +271,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     tool_examples, examples_info = match_examples(tools, examples)
     if examples_info is not None:
         examples_info["synthesized"] = synth_info
+        examples_info["n_tools_shipped"] = n_shipped
     for entry, own in zip(entries, tool_examples):
         entry.examples = list(own)
     ft_info = None

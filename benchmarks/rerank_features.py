@@ -144,6 +144,20 @@ def fuse(path: Path) -> None:
 
         show(f"cascade: 1.5B (+ 0.1 x) on {sum(asks.values())} of {n}, else shipped", hits(cascade))
 
+        # both judges on every request, added to the retriever's score (what the cascade saves is the 1.5B's time
+        # where the two agree); the 0.5B scores only the first 4, so the 5th gets its lowest score
+        def both(a: float, b: float):
+            def pick(r):
+                ll = np.asarray(r["ll05"][:k], dtype=np.float64)
+                ll = np.concatenate([ll, np.full(k - ll.size, ll.min())])
+                c = np.asarray(r["choice15"], dtype=np.float64)
+                return int(np.argmax(np.asarray(r["retriever"][:k]) + a * (ll - ll.max()) + b * (c - c.max())))
+            return pick
+
+        for a in (0.05, 0.1):
+            for b in (0.02, 0.05, 0.1):
+                show(f"retriever + {a} x ll05 + {b} x choice15", hits(both(a, b)))
+
 
 def sign_test(fixed: int, broken: int) -> float:
     """Two-sided exact sign test of fixed against broken requests."""

@@ -17,6 +17,7 @@ Requests given with `--examples` come first: a tool they cover keeps them and ge
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -37,12 +38,15 @@ def fingerprint(name: str, description: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
 
 
-def _tool_index(path: Path, corpus: dict[str, list[str]]) -> tuple[set[str], dict[str, str]]:
-    """The corpus's servers, and {fingerprint: the first tool with that fingerprint that has requests}."""
+@functools.lru_cache(maxsize=4)
+def _load(examples: Path, fingerprints: Path) -> tuple[dict[str, list[str]], set[str], dict[str, str]]:
+    """The corpus, its servers, and {fingerprint: the first tool with that fingerprint that has requests}; read once
+    per process (a benchmark asks for every registry it builds). Callers only read what it returns."""
+    corpus = load_example_requests([examples])
     servers: set[str] = set()
     by_print: dict[str, str] = {}
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in fingerprints.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
                 key = f"{row['server']}/{row['tool']}"
@@ -50,16 +54,15 @@ def _tool_index(path: Path, corpus: dict[str, list[str]]) -> tuple[set[str], dic
                 if corpus.get(key):
                     by_print.setdefault(row["fingerprint"], key)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FormatError(f"cannot read the shipped examples' tool index {path}: {e}",
+        raise FormatError(f"cannot read the shipped examples' tool index {fingerprints}: {e}",
                           hint="pass --no-shipped-examples, or restore the file from the repository") from None
-    return servers, by_print
+    return corpus, servers, by_print
 
 
 def shipped_examples(tools: Sequence[Tool], examples: Path = SHIPPED_EXAMPLES,
                      fingerprints: Path = SHIPPED_FINGERPRINTS) -> dict[str, list[str]]:
     """{tool key in this registry: the shipped requests for it} for the tools the corpus covers (see above)."""
-    corpus = load_example_requests([examples])
-    servers, by_print = _tool_index(fingerprints, corpus)
+    corpus, servers, by_print = _load(Path(examples), Path(fingerprints))
     out: dict[str, list[str]] = {}
     for t in tools:
         source = t.key if t.server in servers else by_print.get(fingerprint(t.name, t.description))

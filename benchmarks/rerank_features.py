@@ -3,6 +3,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
 
     python benchmarks/rerank_features.py dump --part dev [--queries FILE] [--k 5] [--max-queries N] [--choosers ...]
     python benchmarks/rerank_features.py fuse results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --prev-request
+    python benchmarks/rerank_features.py history results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -14,6 +16,12 @@ their fused scores, then scores the first K of them with:
   the end of the turn, so a name that is the prefix of another is not favoured).
 
 `fuse` prints top-1 for each signal alone and for fusions of the retriever with each, so one rule can be chosen on dev.
+
+With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
+last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
+reads the request alone; the name choice is then asked only where some weight in PREV_WEIGHTS makes the cascade ask
+it. `history` prints the cascade with `ll05 + w x ll05_prev` against the cascade as shipped, gated by the index's
+margin gate as `nexus route` is, per query set (follow-ups; requests after another conversation).
 """
 
 from __future__ import annotations
@@ -44,6 +52,21 @@ from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
 SUITE = "rerank-features"
 POOL = 10
 CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
+PREV_WEIGHTS = (0.25, 0.5, 1.0)  # the weights `history` compares, fixed before any dump with --prev-request
+
+
+def last_user_turn(history) -> str:
+    """The conversation's last user message (the previous request), "" without one."""
+    return next((m.get("content") or "" for m in reversed(history or []) if m.get("role") == "user"), "")
+
+
+def cascade_asks(ll, prev, w: float) -> bool:
+    """Does the cascade ask the name choice: is the request (plus w x the previous request) most likely after
+    another candidate than the retriever's first, over the likelihood's first 4?"""
+    x = np.asarray(ll[:4], dtype=np.float64)
+    if prev is not None and w:
+        x = x + w * np.asarray(prev[:4], dtype=np.float64)
+    return int(np.argmax(x)) != 0
 
 
 def choice_scorer(model: str, k: int) -> LLMReranker:
@@ -62,7 +85,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
-         queries: list[str] | None = None) -> Path:
+         queries: list[str] | None = None, prev_request: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -74,7 +97,8 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           embedder=DEFAULT_EMBEDDER,
-                          examples=None, tools=len(tools)),
+                          examples=None, tools=len(tools), prev_request=prev_request,
+                          prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
               models={"embedder": model_identity(DEFAULT_EMBEDDER, kind="embedder"),
                       "llm_small": model_identity("qwen2.5-0.5b"), "llm_large": model_identity("qwen2.5-1.5b")})
     rows, t0 = [], time.time()
@@ -93,9 +117,15 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                "cands": [index.tools[i].key for i in cand], "retriever": [float(scores[i]) for i in cand],
                "gold_rank": next((r for r, i in enumerate(order) if index.tools[i].key in gold), None)}
         request = q["query"]
+        row["set"] = q.get("set")
         row["ll05"] = likelihood.log_likelihoods(likelihood.scored_text(request), head)
+        needed = True
+        if prev_request:
+            prev = last_user_turn(q.get("history"))
+            row["ll05_prev"] = likelihood.log_likelihoods(likelihood.scored_text(prev), head) if prev else None
+            needed = any(cascade_asks(row["ll05"], row["ll05_prev"], w) for w in (0.0, *PREV_WEIGHTS))
         for name, chooser in choosers.items():
-            row[name] = chooser.name_logprobs(request, head)
+            row[name] = chooser.name_logprobs(request, head) if needed else None
         rows.append(row)
         if n % 10 == 0:
             print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
@@ -124,7 +154,8 @@ def fuse(path: Path) -> None:
           f"{sum(r['gold_rank'] is not None and r['gold_rank'] < k for r in rows) / n * 100:.1f} %")
     show("retriever alone", hits(lambda r: 0))
     show("shipped: likelihood RRF, top 4", shipped)
-    for sig in [s for s in ("ll05", "choice05", "choice15") if s in rows[0]]:
+    present = [s for s in ("ll05", "choice05", "choice15") if all(r.get(s) is not None for r in rows)]
+    for sig in present:
         show(f"{sig} alone", hits(lambda r, s=sig: int(np.argmax(r[s]))))
         show(f"{sig} RRF (k = 60) with the retriever", hits(
             lambda r, s=sig: int(np.argmax(rrf_fuse(r["retriever"][:k], r[s], 60)))))
@@ -133,7 +164,7 @@ def fuse(path: Path) -> None:
                 x = np.asarray(r[s], dtype=np.float64)
                 return int(np.argmax(np.asarray(r["retriever"][:k]) + w * (x - x.max())))
             show(f"retriever + {w} x {sig}", hits(linear))
-    if "choice15" in rows[0]:  # a cascade: the 1.5B only where the 0.5B likelihood's own choice is not the retriever's
+    if "choice15" in present:  # a cascade: the 1.5B only where the 0.5B likelihood's own choice is not the retriever's
         asks = {id(r): int(np.argmax(r["ll05"][:4])) != 0 for r in rows}
 
         def cascade(r):
@@ -159,6 +190,44 @@ def fuse(path: Path) -> None:
                 show(f"retriever + {a} x ll05 + {b} x choice15", hits(both(a, b)))
 
 
+def history(path: Path) -> None:
+    """The cascade with the previous request's likelihood added (ll05 + w x ll05_prev, for requests with a history)
+    against the cascade as shipped, each decision gated by the index's margin gate (the retriever's first two distinct
+    tools' score gap below tau escalates), per query set."""
+    doc = json.loads(Path(path).read_text())
+    rows, k, tau = doc["samples"]["queries"], doc["params"]["k"], doc["params"]["tau"]
+
+    def pick(r, w: float) -> int:
+        if len(r["retriever"]) > 1 and r["retriever"][0] - r["retriever"][1] >= tau:
+            return 0  # the fast path: no reranker
+        prev = r.get("ll05_prev")
+        if cascade_asks(r["ll05"], prev, w):
+            c = np.asarray(r["choice15"], dtype=np.float64)
+            return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
+        ll = np.asarray(r["ll05"][:4], dtype=np.float64)
+        if prev is not None and w:
+            ll = ll + w * np.asarray(prev[:4], dtype=np.float64)
+        return int(np.argmax(rrf_fuse(r["retriever"][:4], list(ll), 60)))
+
+    def kind(r) -> str:
+        s = r.get("set") or ""
+        return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
+
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(kind(r), []).append(r)
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, "
+          f"escalated {sum(len(r['retriever']) < 2 or r['retriever'][0] - r['retriever'][1] < tau for r in rows)}")
+    for name, rs in sorted(groups.items()):
+        base = np.array([r["cands"][pick(r, 0.0)] in r["gold"] for r in rs])
+        print(f"  {name} ({len(rs)}): shipped cascade {base.sum()} ({base.mean() * 100:.1f} %)")
+        for w in PREV_WEIGHTS:
+            h = np.array([r["cands"][pick(r, w)] in r["gold"] for r in rs])
+            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+            print(f"    + {w} x previous request: {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, "
+                  f"sign test p = {sign_test(fixed, broken):.3f}")
+
+
 def sign_test(fixed: int, broken: int) -> float:
     """Two-sided exact sign test of fixed against broken requests."""
     n, low = fixed + broken, min(fixed, broken)
@@ -177,12 +246,18 @@ def main() -> None:
     d.add_argument("--queries", action="append", default=None,
                    help="a request file (repeatable); by default the part's requests as `nexus bench routing-lso` reads them")
     d.add_argument("--out", default="results")
+    d.add_argument("--prev-request", action="store_true",
+                   help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
     f.add_argument("file")
+    h = sub.add_parser("history")
+    h.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries))
+                   a.queries, a.prev_request))
+    elif a.cmd == "history":
+        history(Path(a.file))
     else:
         fuse(Path(a.file))
 

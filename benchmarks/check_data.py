@@ -50,6 +50,8 @@ QUERY_FILES = {
     "args_f": HERE / "queries" / "args_cases_f.jsonl",
     "args_g": HERE / "queries" / "args_cases_g.jsonl",
     "args_h": HERE / "queries" / "args_cases_h.jsonl",
+    "args_i": HERE / "queries" / "args_cases_i.jsonl",
+    "args_j": HERE / "queries" / "args_cases_j.jsonl",
     "demo": REPO / "tool_registries" / "demo_queries.jsonl",
 }
 ROLES = {"user", "assistant", "system", "tool"}  # tool: a tool result, as MCP clients keep it
@@ -300,7 +302,7 @@ def main() -> int:
     print("   ", ", ".join(f"{s} {n}" for s, n in core_servers.most_common()))
     print(f"  all:  {len(all_servers)} livemcptool servers")
     print("   ", ", ".join(f"{s} {n}" for s, n in all_servers.most_common()))
-    for label in ("args", "args_b", "args_c", "args_d", "args_e", "args_f", "args_g", "args_h", "demo"):
+    for label in ("args", "args_b", "args_c", "args_d", "args_e", "args_f", "args_g", "args_h", "args_i", "args_j", "demo"):
         rows = per_file.get(label, [])
         print(f"{QUERY_FILES[label].name}: {len(rows)} cases, {sum(1 for q in rows if q.get('history'))} with history, "
               f"{len({q.get('tool') for q in rows})} distinct tools, {len({q.get('server') for q in rows})} servers")

@@ -563,8 +563,9 @@ _BASE_DEPS = {
 
 # ------------------------------------------------------------------------------------------------ pattern
 
-PATTERN_REPEAT_MAX = 24  # what * and + on a character become in a pattern's grammar (bounded, like every string)
+PATTERN_REPEAT_MAX = 64  # what * and + on a character become in a pattern's grammar (bounded, like every string)
 PATTERN_GROUP_REPEAT_MAX = 4  # the same on a group: nested repetition multiplies, and a small model loops there
+_ONE_CHARACTER = re.compile(r'\[(?:\\.|[^\]\\])*\]|"(?:\\.|[^"\\])"')  # a class or a one-character literal
 _SAFE_CLASS = "\\x22\\x5C\\x00-\\x1F"  # never generated from a pattern: '"', '\\' and controls would need JSON escapes
 
 
@@ -607,7 +608,10 @@ class _PatternToGbnf:
         while self.i < len(self.src) and self.src[self.i] not in "|)":
             group = self.src[self.i] == "("
             atom = self.atom()
-            parts.append(atom + self.quantifier(self.group_repeat_max if group else self.repeat_max))
+            # a group around one character (`([a-z=,])+`, kubernetes' label selectors) repeats like that character:
+            # the group bound would cut every such value at four characters
+            one_char = group and _ONE_CHARACTER.fullmatch(atom[2:-2]) is not None
+            parts.append(atom + self.quantifier(self.group_repeat_max if group and not one_char else self.repeat_max))
         return " ".join(parts)
 
     def quantifier(self, repeat_max: int) -> str:

@@ -284,6 +284,32 @@ def test_smollm_end_to_end_valid_arguments(smollm):
         assert res.timings_ms["total"] >= res.timings_ms["first_token"] > 0 and res.prompt_tokens > 50
 
 
+def test_values_stated_in_another_form_back_their_optional_fields():
+    """A date in words, a period code written as a count and a unit, an enum code a description explains: the drop
+    keeps them (they were removed as unbacked). A date of another day or year, or a period of another count, is
+    still dropped."""
+    spec = compile_tool(Tool("s", "get_options", "Get options data. Type: C=calls, P=puts.", {
+        "type": "object", "properties": {
+            "ticker": {"type": "string"}, "checkin": {"type": "string"}, "checkout": {"type": "string"},
+            "period": {"type": "string", "enum": ["1mo", "1y", "2y", "5y"]}, "interval": {"type": "string"},
+            "option_type": {"anyOf": [{"enum": ["C", "P"], "type": "string"}, {"type": "null"}]}},
+        "required": ["ticker"]}))
+    args, dropped = drop_unsupported(
+        {"ticker": "AAPL", "checkin": "2025-07-14", "checkout": "2025-07-19", "period": "2y", "option_type": "P"},
+        spec, "AAPL put options from July 14 to 19th of July, 2025, over the last two years")
+    assert args == {"ticker": "AAPL", "checkin": "2025-07-14", "checkout": "2025-07-19", "period": "2y",
+                    "option_type": "P"} and dropped == []
+    args, dropped = drop_unsupported(
+        {"ticker": "AAPL", "checkin": "2024-07-14", "checkout": "2025-07-15", "period": "5y", "option_type": "C"},
+        spec, "AAPL put options from July 14 to 19th of July, 2025, over the last two years")
+    assert args == {"ticker": "AAPL"} and dropped == ["checkin", "checkout", "period", "option_type"]
+    from nexus_cli.arguments.repairs import date_backed, period_backed
+
+    assert date_backed("2025-03-05", "due 03/05/2025") and date_backed("2025-03-05T09:00:00Z", "on 5 mar")
+    assert not date_backed("2025-03-05", "due 2025") and not date_backed("not a date", "march 5")
+    assert period_backed("1wk", "over 1 week") and not period_backed("1wk", "weekly candles")
+
+
 def test_unbacked_beginning_only_where_no_longer_value_can_be_backed():
     from nexus_cli.arguments.repairs import norm_text, unbacked_beginning
 
@@ -297,6 +323,7 @@ def test_unbacked_beginning_only_where_no_longer_value_can_be_backed():
     assert not unbacked_beginning({"type": "integer"}, "7", ctx)
     assert not unbacked_beginning(text, "Äpfel", ctx)  # only ASCII beginnings are judged
     assert not unbacked_beginning(text, "", ctx)
+    assert not unbacked_beginning(text, "2025-0", ctx)  # a digit first: it may become a date the request writes in words
 
 
 def test_unbacked_string_watch_closes_optional_strings_the_drop_would_remove(smollm):

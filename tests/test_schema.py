@@ -495,6 +495,9 @@ def test_string_patterns_are_enforced_by_the_grammar():
     cases = {r"^AS\d+$": (["AS1", "AS65000"], ["1234", "AS", "as1"]),
              r"^[GDZTKOFS]*$": (["", "GDZ"], ["X"]),
              r"^[.\-A-Za-z0-9]+([=!,]{1,2}[./\-A-Za-z0-9]+)+$": (["app=web", "a!=b,c=d"], ["app", "=x"]),
+             # a group around one class repeats as the class does (it was cut at four characters: "app=")
+             r"^([/_.\-A-Za-z0-9=, ()!])+$": (["app=cart-svc", "app.kubernetes.io/name=cart-svc,tier in (web)"],
+                                              ["", "app:x"]),
              r"^(?:yes|no)-[^ ]?$": (["yes-", "no-x"], ["maybe-", "yes- "])}
     for pat, (good, bad) in cases.items():
         g = Grammar(grammar(tool({"type": "object", "properties": {"v": {"type": "string", "pattern": pat}},

@@ -151,7 +151,89 @@ def _members(schema: Any, value: Any) -> list | None:
     return None
 
 
-def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], topic: Sequence[str] = ()) -> dict:
+_ONE_THING = re.compile(r"(?<![a-z])(?<!this )(?<!that )(?<!the )(?<!which )(?<!each )(?<!every )(?<!any )(?<!no )"
+                        r"one\s+(?!of\b|more\b|by\b|at\b|and\b|or\b|to\b|is\b|was\b)[a-z]")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december")
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ][0-9:.]+(?:Z|[+-]\d{2}:?\d{2})?)?")
+# a number and a unit word of a period code ("2y", "1wk", "6mo", "30d"): the code's letters and the words they stand for
+_PERIOD_CODE = re.compile(r"(\d+)\s*([a-z]{1,3})")
+_PERIOD_UNITS = {"d": ("day",), "w": ("week",), "wk": ("week",), "mo": ("month",), "m": ("month", "minute"),
+                 "mth": ("month",), "y": ("year",), "yr": ("year",), "h": ("hour",), "hr": ("hour",),
+                 "min": ("minute",), "s": ("second",), "sec": ("second",)}
+
+
+def date_backed(value: str, context: str) -> bool:
+    """An ISO date (YYYY-MM-DD, a time after it or not) the request writes in words or another order: "July 14,
+    2025", "14 Jul 2025", "07/14/2025", "14.07.2025". The day and month must be written together; a year the
+    request writes must be the value's. `context` is lower-case."""
+    m = _ISO_DATE.fullmatch(value.strip())
+    if not m:
+        return False
+    year, month, day = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if not 1 <= month <= 12 or not 1 <= day <= 31:
+        return False
+    years = {int(y) for y in re.findall(r"(?<![0-9])((?:19|20)\d{2})(?![0-9])", context)}
+    if years and year not in years:
+        return False
+    name = _MONTHS[month - 1]
+    month_word = rf"(?:{name}|{name[:3]}\.?)"
+    d = rf"0?{day}(?:st|nd|rd|th)?"
+    spoken = rf"(?<![a-z]){month_word}\s+{d}(?![0-9])|(?<![0-9]){d}(?:\s+of)?\s+{month_word}(?![a-z])"
+    numeric = rf"(?<![0-9])(?:0?{month}/0?{day}|0?{day}[./]0?{month})(?:[./](?:{year}|{year % 100:02d}))?(?![0-9])"
+    return re.search(spoken, context) is not None or re.search(numeric, context) is not None
+
+
+def period_backed(value: str, context: str) -> bool:
+    """A period code ("2y", "1wk", "6mo") the request writes as a number and a unit word ("the last 2 years",
+    "weekly" is not a count and backs nothing). `context` is lower-case."""
+    m = _PERIOD_CODE.fullmatch(value.strip().lower())
+    if not m or m.group(2) not in _PERIOD_UNITS:
+        return False
+    n, words = m.group(1), _PERIOD_UNITS[m.group(2)]
+    spelled = _NUMBER_WORDS.get(int(n)) if n.isdigit() else None
+    count = rf"(?:{re.escape(n)}{'|' + spelled if spelled else ''})"
+    return any(re.search(rf"(?<![0-9a-z.]){count}[\s-]*{w}s?(?![a-z])", context) for w in words)
+
+
+def member_described(value: str, schema: Any, context: str, tool_description: str = "") -> bool:
+    """A short enum code ("P", "C", "1") the field's description, or the tool's, explains with a word the request
+    writes ("'P' for puts", "Type: C=calls, P=puts" backed by "put options"): the words right after the code,
+    quoted or standalone, as the request writes them or their plural."""
+    desc = str(schema.get("description", "")).lower() if isinstance(schema, dict) else ""
+    desc = f"{desc} {tool_description.lower()}".strip()
+    code = value.strip().lower()
+    if not desc or not code or len(code) > 4:
+        return False
+    ctx_words = set(re.findall(r"[a-z]+", context))
+    for m in re.finditer(rf"(?<![a-z0-9])['\"`]?{re.escape(code)}['\"`]?(?![a-z0-9])", desc):
+        after = re.findall(r"[a-z]+", desc[m.end():m.end() + 40])
+        words = [w for w in after if w not in ("for", "is", "means", "or", "and", "the", "a", "an", "to")][:2]
+        if any(w in ctx_words or w.rstrip("s") in ctx_words or w + "s" in ctx_words or
+               any(_related(w, c) for c in ctx_words if len(c) >= 4 and len(w) >= 4) for w in words):
+            return True
+    return False
+
+
+def normalized_backed(value: Any, schema: Any, context: str, enum: Sequence[Any] | None = None,
+                      tool_description: str = "") -> bool:
+    """A value the request states in another form than the one the schema wants: a date in words, a period code, an
+    enum code a description explains. `context` is lower-case (norm_text)."""
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(x, str) and normalized_backed(x, schema, context, enum, tool_description)
+                                   for x in value)
+    if _is_num(value) and value == 1:
+        # "one kid", "one result": `supported` leaves "one" out for "this one", "the top one", "one of them"
+        return _ONE_THING.search(context) is not None
+    if not isinstance(value, str):
+        return False
+    if date_backed(value, context) or period_backed(value, context):
+        return True
+    return bool(enum) and value in enum and member_described(value, schema, context, tool_description)
+
+
+def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], topic: Sequence[str] = (),
+           tool_description: str = "") -> dict:
     schema = schema if isinstance(schema, dict) else {}
     req = schema.get("required", [])
     req = set(req) if isinstance(req, list) else set()
@@ -160,12 +242,13 @@ def _prune(args: dict, schema: Any, ctx: str, prefix: str, dropped: list[str], t
     for k, v in args.items():
         sub = props.get(k)
         if isinstance(v, dict) and isinstance(sub, dict) and isinstance(sub.get("properties"), dict):
-            v = _prune(v, sub, ctx, f"{prefix}{k}.", dropped, topic)  # nested object: its optional keys too
+            v = _prune(v, sub, ctx, f"{prefix}{k}.", dropped, topic, tool_description)  # its optional keys too
             if not v and k not in req:
                 dropped.append(prefix + k)
                 continue
         enum = _members(sub, v)
-        if k in req or supported(v, ctx, k, enum, topic) or unit_backed(v, k, sub, ctx) or (
+        if k in req or supported(v, ctx, k, enum, topic) or unit_backed(v, k, sub, ctx) or \
+                normalized_backed(v, sub, ctx, enum, tool_description) or (
                 isinstance(v, bool) and isinstance(sub, dict) and v is not sub.get("default")
                 and described(sub.get("description"), ctx, topic)):
             out[k] = v
@@ -178,7 +261,7 @@ def drop_unsupported(args: dict, spec: ToolSpec, context: str) -> tuple[dict, li
     """Remove optional fields (also inside nested objects) whose value the context does not support.
     Required fields are always kept. Returns (args, dropped field paths)."""
     dropped: list[str] = []
-    out = _prune(args, spec.schema, norm_text(context), "", dropped, field_words(spec.name))
+    out = _prune(args, spec.schema, norm_text(context), "", dropped, field_words(spec.name), spec.description or "")
     return out, dropped
 
 
@@ -190,8 +273,8 @@ def unbacked_beginning(schema: Any, written: str, ctx: str) -> bool:
     beginnings (their lower case and spacing are those of any longer value that starts with them)."""
     if not isinstance(schema, dict) or schema.get("type") != "string" or _members(schema, written) is not None:
         return False
-    if not written.isascii():
-        return False
+    if not written.isascii() or written[:1].isdigit():
+        return False  # a value starting with a digit may be a date or period the request writes in words
     v = norm_text(written)
     return bool(v) and re.search(rf"(?<![a-z0-9]){re.escape(v)}", ctx) is None
 

@@ -121,10 +121,10 @@ def test_args_smoke(tmp_path):
                 "--trials", "1", "--out", str(tmp_path))
     s = doc["summary"]
     assert doc["suite"] == "args" and s["routing"]["n"] == 2
-    # by default: the blind sets, an index with the shipped example requests
-    assert doc["params"]["cases"][0] == "benchmarks/queries/args_cases_g.jsonl"
+    # by default: the blind set, an index with the shipped example requests
+    assert doc["params"]["cases"] == ["benchmarks/queries/args_cases_j.jsonl"]
     assert doc["params"]["examples"].endswith("shared_registries.jsonl")
-    assert list(s["by_file"]) == ["args_cases_g.jsonl"] and s["by_file"]["args_cases_g.jsonl"]["cases"] == 2
+    assert list(s["by_file"]) == ["args_cases_j.jsonl"] and s["by_file"]["args_cases_j.jsonl"]["cases"] == 2
     assert s["signature_tokens"]["median"] > 0
     if s["routing"]["value"] > 0:
         fa = s["first_arg"]

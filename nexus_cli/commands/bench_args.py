@@ -13,7 +13,7 @@ from ._report import env_line, finish, fmt_ci, fmt_pct, fmt_speedup
 
 
 def command(
-    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: the blind sets benchmarks/queries/args_cases_{g,h,i}.jsonl)."),
+    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: the blind set benchmarks/queries/args_cases_j.jsonl)."),
     examples: Optional[str] = typer.Option(None, "--examples", help="Example requests the index is built with (default: tool_registries/examples/shared_registries.jsonl)."),
     no_examples: bool = typer.Option(False, "--no-examples", help="Route over an index built without example requests."),
     registry_dir: Optional[str] = options.registry_dir(),

@@ -12,7 +12,7 @@ from ._report import env_line, finish, fmt_ci, fmt_pct
 
 
 def command(
-    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: the blind sets benchmarks/queries/args_cases_{g,h,i}.jsonl)."),
+    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Cases JSONL (repeatable; default: benchmarks/queries/args_cases_{g,h,i}.jsonl)."),
     registry_dir: Optional[str] = options.registry_dir(),
     model: Optional[str] = options.model(help="LLM for arguments (default qwen2.5-1.5b, the product's)."),
     max_cases: Optional[int] = typer.Option(None, "--max-cases", help="Use only the first N cases."),

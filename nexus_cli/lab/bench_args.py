@@ -50,7 +50,10 @@ from .results import Run, model_identity
 
 SUITE = "args"
 QUERIES = REPO_ROOT / "benchmarks" / "queries"
-BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "ghi")  # blind: written before any measurement, never tuned on
+# blind: written before any measurement, never tuned on. g, h and i were until 2026-12-06, when Qwen2.5-1.5B's misses
+# on them were read (docs/arguments.md, "Values stated in another form"); they are development data since
+BLIND_CASES = (QUERIES / "args_cases_j.jsonl",)
+EARLIER_BLIND_CASES = tuple(QUERIES / f"args_cases_{s}.jsonl" for s in "ghi")  # the published runs' cases
 DEFAULT_EXAMPLES = REPO_ROOT / "tool_registries" / "examples" / "shared_registries.jsonl"
 # the product's model; one set of timings per case (the ~100 routed cases give the interval; on the 1.5B model three
 # would triple a 25-minute run)
@@ -132,11 +135,12 @@ def first_token_ms(ctx, tokens: list[int], grammar: str, cached: int) -> float:
 
 
 def load_cases(cases: str | os.PathLike | Sequence[str | os.PathLike] | None,
-               max_cases: int | None = None) -> tuple[list[Path], list[dict]]:
-    """(the case files, their cases each tagged with its file's name as `_file`): the blind sets when `cases` is
-    None, else the files named (a list, or one string of comma-separated paths); the first `max_cases` if given."""
+               max_cases: int | None = None, default: Sequence[Path] = BLIND_CASES) -> tuple[list[Path], list[dict]]:
+    """(the case files, their cases each tagged with its file's name as `_file`): `default` (the blind sets) when
+    `cases` is None, else the files named (a list, or one string of comma-separated paths); the first `max_cases`
+    if given."""
     if cases is None:
-        paths = list(BLIND_CASES)
+        paths = list(default)
     elif isinstance(cases, (str, os.PathLike)):
         paths = [Path(p) for p in str(cases).split(",")]
     else:

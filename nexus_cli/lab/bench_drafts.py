@@ -1,6 +1,7 @@
 """Drafted decoding of arguments against one token at a time, side by side on the same cases.
 
-For each case of the blind argument sets (BLIND_CASES of bench_args), the gold tool's arguments are generated twice
+For each case of argument sets g, h and i (EARLIER_BLIND_CASES of bench_args, the cases of the published runs; the
+suite times decoding, so whether a set is still blind does not matter to it), the gold tool's arguments are generated twice
 by `arguments.generate_arguments` as a one-shot `nexus route` does (an empty context, the default time limit): with
 drafting (the product default: the ArgumentDrafter's tokens verified in batches, arguments/drafts.py) and without
 (one decode per token). The two runs of a case alternate in order (even cases without drafting first) so that a
@@ -26,7 +27,7 @@ from ..arguments.pipeline import generate_arguments
 from ..config import ARGUMENTS_LLM, REPO_ROOT
 from ..schema import compile_tool
 from . import stats
-from .bench_args import gold_in_tool_names, load_cases, values_equal
+from .bench_args import EARLIER_BLIND_CASES, gold_in_tool_names, load_cases, values_equal
 from .bench_routing import pool_tools
 from .common import NULL_PROGRESS, Progress, registry_dir_default
 from .results import Run, model_identity, model_variant
@@ -55,7 +56,7 @@ def run(
     write: bool = True,
 ) -> dict:
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
-    paths, cs = load_cases(cases, max_cases)
+    paths, cs = load_cases(cases, max_cases, default=EARLIER_BLIND_CASES)
     by_key = {t.key: t for t in pool_tools(reg_dir)}
     params = dict(cases=[os.path.relpath(p, REPO_ROOT) for p in paths], n_cases=len(cs),
                   registry_dir=os.path.relpath(reg_dir, REPO_ROOT), model=model, n_boot=n_boot, quick=quick,

@@ -6,7 +6,8 @@ first (requests fixed / broken at top-1, two-sided sign test).
     nexus route --batch QUERIES.jsonl --no-args --json --reranker cascade > cascade.jsonl
     python benchmarks/score_routes.py QUERIES.jsonl none.jsonl cascade.jsonl [--json OUT.json]
 
-A hit is the gold (server, tool) exactly, or one of the alternatives the request lists (`alternatives`).
+A hit is the gold (server, tool) or one of the request's `acceptable` alternatives (bench_routing.gold_keys, as
+`nexus bench routing` scores).
 """
 
 from __future__ import annotations
@@ -20,19 +21,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from nexus_cli.lab.bench_routing import gold_keys  # noqa: E402
 from nexus_cli.lab.stats import wilson  # noqa: E402
 
 
 def sign_test(fixed: int, broken: int) -> float:
     n, low = fixed + broken, min(fixed, broken)
     return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
-
-
-def gold_of(q: dict) -> set[tuple[str, str]]:
-    out = {(q["server"], q["tool"])}
-    for alt in q.get("alternatives") or []:
-        out.add((alt["server"], alt["tool"]))
-    return out
 
 
 def score(queries: dict[str, dict], path: Path) -> dict:
@@ -44,8 +39,8 @@ def score(queries: dict[str, dict], path: Path) -> dict:
     escalated = 0
     for r in rows:
         q = queries[r["id"]]
-        cands = [(c["server"], c["tool"]) for c in r.get("candidates") or []]
-        gold = gold_of(q)
+        cands = [f"{c['server']}/{c['tool']}" for c in r.get("candidates") or []]
+        gold = gold_keys(q)
         hits[r["id"]] = {"top1": bool(cands[:1]) and cands[0] in gold, "top3": any(c in gold for c in cands[:3]),
                          "follow_up": bool(q.get("history"))}
         escalated += bool((r.get("gate") or {}).get("escalated"))

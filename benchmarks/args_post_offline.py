@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -26,16 +25,12 @@ from args_eval import loose_equal  # noqa: E402
 from nexus_cli.arguments import repairs  # noqa: E402
 from nexus_cli.arguments.prompt import build_messages  # noqa: E402
 from nexus_cli.lab.bench_args import values_equal  # noqa: E402
+from nexus_cli.lab.stats import sign_test  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.schema import compile_tool, validate_arguments  # noqa: E402
 
 # repairs that can be turned off, and what stands in for them
 OFF = {"normalized_backed": lambda *a, **k: False}
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    n, low = fixed + broken, min(fixed, broken)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
 
 
 def repaired(cases: dict, report: dict, by_key: dict) -> dict:

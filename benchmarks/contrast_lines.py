@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -118,11 +117,6 @@ def route_all(router, qs) -> list[dict]:
     return rows
 
 
-def sign_test(fixed: int, broken: int) -> float:
-    n, low = fixed + broken, min(fixed, broken)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--siblings", type=int, default=3)
@@ -151,7 +145,7 @@ def main() -> int:
                          "lines_top1": stats.wilson(sum(r["top1"] for r in b), len(b)).as_dict(),
                          "base_top3": stats.wilson(sum(r["top3"] for r in a), len(a)).as_dict(),
                          "lines_top3": stats.wilson(sum(r["top3"] for r in b), len(b)).as_dict(),
-                         "fixed": fixed, "broken": broken, "sign_test_p": sign_test(fixed, broken)}
+                         "fixed": fixed, "broken": broken, "sign_test_p": stats.sign_test(fixed, broken)}
         samples[name] = {"base": a, "lines": b}
         s = summary[name]
         print(f"{name} ({len(qs)}): top-1 {s['base_top1']['value'] * 100:.1f} -> {s['lines_top1']['value'] * 100:.1f} %, "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from routing_ablation import CachedEmbedder, registry_paths  # noqa: E402
 
 from nexus_cli.lab.bench_routing import with_interchangeable  # noqa: E402
+from nexus_cli.lab.stats import sign_test  # noqa: E402
 from nexus_cli.registry import load_example_requests, load_registries  # noqa: E402
 from nexus_cli.routing.build import EXAMPLES_PER_TOOL, build_index
 from nexus_cli.routing.index import load_index  # noqa: E402
@@ -51,16 +51,6 @@ def split_examples(tools, examples: dict[str, list[str]], seed: int) -> tuple[di
         dev.append({"query": own[j], "server": t.server, "tool": t.name})
         kept[t.key] = own[:j] + own[j + 1:]
     return kept, dev
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    """Two-sided exact sign test p-value for `fixed` against `broken` discordant pairs."""
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    k = min(fixed, broken)
-    p = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * p)
 
 
 def score(router: Router, dev: list[dict]) -> tuple[dict, list[bool]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -19,18 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from nexus_cli.lab.stats import wilson  # noqa: E402
+from nexus_cli.lab.stats import sign_test, wilson  # noqa: E402
 from nexus_cli.registry import load_example_requests  # noqa: E402
 
 CJK = re.compile(r"[\u1100-\u11FF\u3040-\u30FF\u3130-\u318F\u3400-\u4DBF\u4E00-\u9FFF\uAC00-\uD7AF\uF900-\uFAFF]")
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    k = min(fixed, broken)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
 
 
 def texts(files: list[str]) -> dict[str, str]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from nexus_cli.lab.bench_lso import EXAMPLES, TEST_QUERIES, dev_requests, part_s
 from nexus_cli.lab.bench_routing import _index_for, gold_keys, load_queries, with_interchangeable  # noqa: E402
 from nexus_cli.lab.common import registry_dir_default  # noqa: E402
 from nexus_cli.lab.results import Run, model_identity  # noqa: E402
+from nexus_cli.lab.stats import sign_test  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.routing.rerank import LikelihoodReranker, LLMReranker, rrf_fuse  # noqa: E402
 from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
@@ -226,12 +226,6 @@ def history(path: Path) -> None:
             fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
             print(f"    + {w} x previous request: {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, "
                   f"sign test p = {sign_test(fixed, broken):.3f}")
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    """Two-sided exact sign test of fixed against broken requests."""
-    n, low = fixed + broken, min(fixed, broken)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -22,12 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nexus_cli.lab.bench_routing import gold_keys  # noqa: E402
-from nexus_cli.lab.stats import wilson  # noqa: E402
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    n, low = fixed + broken, min(fixed, broken)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
+from nexus_cli.lab.stats import sign_test, wilson  # noqa: E402
 
 
 def score(queries: dict[str, dict], path: Path) -> dict:

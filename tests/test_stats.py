@@ -105,3 +105,11 @@ def test_kl_divergence():
 
 def test_percentile():
     assert stats.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+
+
+def test_sign_test_hand_computed():
+    # n = 6 discordant pairs, 5 against 1: P(X <= 1) = (1 + 6) / 64, two-sided 14 / 64
+    assert stats.sign_test(5, 1) == pytest.approx(14 / 64)
+    assert stats.sign_test(1, 5) == stats.sign_test(5, 1)
+    assert stats.sign_test(3, 3) == 1.0 and stats.sign_test(0, 0) == 1.0  # capped at 1; no pairs, no evidence
+    assert stats.sign_test(11, 1) == pytest.approx(2 * 13 / 4096)

@@ -1,4 +1,4 @@
-"""Interval estimates for the measurement suites: Wilson, bootstrap, speedup, Spearman.
+"""Interval estimates for the measurement suites: Wilson, bootstrap, speedup, Spearman, the sign test.
 
 Every suite reports its headline numbers with a 95 % interval, computed here and nowhere else:
 
@@ -12,7 +12,8 @@ Every suite reports its headline numbers with a 95 % interval, computed here and
   This propagates the uncertainty of both medians jointly (it is the bootstrap distribution of the ratio statistic
   itself), and is never wider than the conservative bound baseline_lo/splice_hi .. baseline_hi/splice_lo, which
   `speedup_ci` also returns for reference ("bounds");
-- rank correlation: Spearman's rho with average ranks for ties (the Pearson correlation of the ranks).
+- rank correlation: Spearman's rho with average ranks for ties (the Pearson correlation of the ranks);
+- paired decisions (requests one variant fixes and another breaks): the two-sided exact sign test.
 
 Only NumPy is needed; SciPy, when installed, is used by the tests as a cross-check, never here.
 """
@@ -214,3 +215,10 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), linear interpolation (NumPy's default)."""
     return float(np.percentile(_as_array(samples), q))
+
+
+def sign_test(fixed: int, broken: int) -> float:
+    """Two-sided exact sign test: the p-value of `fixed` against `broken` discordant pairs under p = 1/2 (1.0 when
+    there are none)."""
+    n, low = fixed + broken, min(fixed, broken)
+    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)

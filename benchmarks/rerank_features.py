@@ -60,13 +60,26 @@ def last_user_turn(history) -> str:
     return next((m.get("content") or "" for m in reversed(history or []) if m.get("role") == "user"), "")
 
 
+def _likelihood(ll, prev, w: float) -> np.ndarray:
+    """The likelihood's first 4 scores, plus w x the previous request's where there is one."""
+    x = np.asarray(ll[:4], dtype=np.float64)
+    return x + w * np.asarray(prev[:4], dtype=np.float64) if prev is not None and w else x
+
+
 def cascade_asks(ll, prev, w: float) -> bool:
     """Does the cascade ask the name choice: is the request (plus w x the previous request) most likely after
     another candidate than the retriever's first, over the likelihood's first 4?"""
-    x = np.asarray(ll[:4], dtype=np.float64)
-    if prev is not None and w:
-        x = x + w * np.asarray(prev[:4], dtype=np.float64)
-    return int(np.argmax(x)) != 0
+    return int(np.argmax(_likelihood(ll, prev, w))) != 0
+
+
+def cascade_pick(r: dict, k: int, w: float = 0.0) -> int:
+    """The cascade's choice for a dumped request (CascadeReranker.score): the name choice (the retriever + 0.1 x its
+    log-probability) where it is asked, else the likelihood's reciprocal-rank fusion with the retriever over 4."""
+    prev = r.get("ll05_prev")
+    if cascade_asks(r["ll05"], prev, w):
+        c = np.asarray(r["choice15"], dtype=np.float64)
+        return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
+    return int(np.argmax(rrf_fuse(r["retriever"][:4], list(_likelihood(r["ll05"], prev, w)), 60)))
 
 
 def choice_scorer(model: str, k: int) -> LLMReranker:
@@ -165,15 +178,8 @@ def fuse(path: Path) -> None:
                 return int(np.argmax(np.asarray(r["retriever"][:k]) + w * (x - x.max())))
             show(f"retriever + {w} x {sig}", hits(linear))
     if "choice15" in present:  # a cascade: the 1.5B only where the 0.5B likelihood's own choice is not the retriever's
-        asks = {id(r): int(np.argmax(r["ll05"][:4])) != 0 for r in rows}
-
-        def cascade(r):
-            x = np.asarray(r["choice15"], dtype=np.float64)
-            if asks[id(r)]:
-                return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (x - x.max())))
-            return int(np.argmax(rrf_fuse(r["retriever"][:4], r["ll05"][:4], 60)))
-
-        show(f"cascade: 1.5B (+ 0.1 x) on {sum(asks.values())} of {n}, else shipped", hits(cascade))
+        asked = sum(cascade_asks(r["ll05"], None, 0.0) for r in rows)
+        show(f"cascade: 1.5B (+ 0.1 x) on {asked} of {n}, else shipped", hits(lambda r: cascade_pick(r, k)))
 
         # both judges on every request, added to the retriever's score (what the cascade saves is the 1.5B's time
         # where the two agree); the 0.5B scores only the first 4, so the 5th gets its lowest score
@@ -200,14 +206,7 @@ def history(path: Path) -> None:
     def pick(r, w: float) -> int:
         if len(r["retriever"]) > 1 and r["retriever"][0] - r["retriever"][1] >= tau:
             return 0  # the fast path: no reranker
-        prev = r.get("ll05_prev")
-        if cascade_asks(r["ll05"], prev, w):
-            c = np.asarray(r["choice15"], dtype=np.float64)
-            return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
-        ll = np.asarray(r["ll05"][:4], dtype=np.float64)
-        if prev is not None and w:
-            ll = ll + w * np.asarray(prev[:4], dtype=np.float64)
-        return int(np.argmax(rrf_fuse(r["retriever"][:4], list(ll), 60)))
+        return cascade_pick(r, k, w)
 
     def kind(r) -> str:
         s = r.get("set") or ""

@@ -308,6 +308,40 @@ def test_prepared_slb_scan_split_over_threads_equals_one_pass(restore_level):
         assert np.array_equal(kernels.slb_topk(db, None, q, 1.0, 8)[0], want_idx), level
 
 
+def test_scans_that_score_every_row_split_over_threads_as_one_pass(restore_level):
+    """Above 16 MiB of rows every row's score is also computed over the cores: the exact scan, the top-k beyond
+    64 and the router's per-tool scores of one and two texts (before and after the panels) give the single
+    pass's answers, bit for bit as their NumPy references."""
+    rng = np.random.default_rng(8)
+    n, dim = 44_000, 384  # 16.1 MiB of INT8 rows: two parts
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[43_000] = x[5]  # an exact tie across the split: the lower index first
+    queries = rng.standard_normal((3, dim)).astype(np.float32)
+    queries[0] = x[5]
+    owners = np.arange(n) // 4
+    n_tools = int(owners[-1]) + 1
+    for level in LEVELS:
+        kernels.set_simd_level(level)
+        scanner = kernels.SlbExactScanner(x, 5)
+        for q in queries:
+            idx, sc = scanner.topk(q)
+            want_idx, want_sc = reference.slb_topk_exact(x, q, 5)
+            assert np.array_equal(idx, want_idx) and np.array_equal(sc, want_sc), level
+        assert scanner.topk(queries[0])[0][:2].tolist() == [5, 43_000]
+        db, scales = scanner.db, scanner.scales
+        qq, qs = kernels.quantize_i8(queries[1].reshape(1, -1))
+        want_idx, want_sc = reference.slb_topk(db, scales, qq[0], float(qs[0]), 100)
+        got_idx, got_sc = kernels.slb_topk(db, scales, qq[0], float(qs[0]), 100)
+        assert np.array_equal(got_idx, want_idx) and np.array_equal(got_sc, want_sc), level
+        scorer = kernels.SlbToolScorer(db, scales, owners, n_tools, floor_k=3, base=-1.0)
+        want = [reference.slb_tool_scores(db, scales, owners, n_tools, q, 3, -1.0) for q in queries[1:]]
+        for scan in range(3):  # the third scan reads the panels
+            assert np.array_equal(scorer.scores(queries[1]), want[0]), (level, scan)
+            two = scorer.request(queries[1:])
+            assert np.array_equal(two, (want[0].astype(np.float64) + want[1]) / 2), (level, scan)
+
+
 def test_prepared_slb_errors():
     db = np.ones((4, 8), dtype=np.int8)
     f32 = np.ones((4, 8), dtype=np.float32)

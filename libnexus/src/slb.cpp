@@ -504,35 +504,6 @@ void topk_small(const Rows &rows, const Query &query, int64_t begin, int64_t end
     *cnt_out = cnt;
 }
 
-// Every row's score into out[0..n).
-void score_rows(const Rows &rows, const Query &query, float query_scale, float *out, int32_t level) {
-    alignas(64) int32_t dots[kBlock];
-    for (int64_t b = 0; b < rows.n; b += kBlock) {
-        const int64_t m = std::min<int64_t>(kBlock, rows.n - b);
-        rows_dots(rows, query, b, m, dots, level);
-        score_block(dots, rows.scales ? rows.scales + b : nullptr, query_scale, m, out + b, level);
-    }
-}
-
-// score_rows for two queries; one pass over the panels where the level reads them.
-void score_rows2(const Rows &rows, const Query &qa, float sa, const Query &qb, float sb, float *out_a, float *out_b,
-                 int32_t level) {
-#if defined(__x86_64__)
-    if (rows.panels && level == NEXUS_SIMD_AVX512_VNNI) {
-        alignas(64) int32_t da[kBlock], db[kBlock];
-        for (int64_t b = 0; b < rows.n; b += kBlock) {
-            const int64_t m = std::min<int64_t>(kBlock, rows.n - b);
-            dots_panels2(rows.panels, b, m, padded_dim(rows.dim), qa.q4, qb.q4, qa.corr, qb.corr, da, db);
-            score_block(da, rows.scales ? rows.scales + b : nullptr, sa, m, out_a + b, level);
-            score_block(db, rows.scales ? rows.scales + b : nullptr, sb, m, out_b + b, level);
-        }
-        return;
-    }
-#endif
-    score_rows(rows, qa, sa, out_a, level);
-    score_rows(rows, qb, sb, out_b, level);
-}
-
 // A scan this large is split over threads (each part at least this many bytes): one core's loads do not reach the
 // memory bandwidth (100,000 x 384 bytes: 29 GB/s on one core, 49 GB/s on two), and a thread costs tens of µs.
 constexpr int64_t kThreadBytes = int64_t{8} << 20;
@@ -545,17 +516,20 @@ int64_t scan_parts(int64_t n, int32_t dim) {
     return std::max<int64_t>(1, std::min({hw, kMaxThreads, n * dim / kThreadBytes}));
 }
 
-// The k <= kSmallK top-k over parts of the rows, one thread each (the caller runs the first), merged by the same
-// order a single pass keeps (score descending, then index), so the answer does not depend on the split.
-int32_t topk_parallel(const Rows &rows, const Query &query, float query_scale, int32_t k, int64_t parts, Hit *top,
-                      int32_t level) {
-    const int64_t blocks = (rows.n + kBlock - 1) / kBlock;
-    std::vector<Hit> found(static_cast<size_t>(parts * k));
-    std::vector<int32_t> counts(static_cast<size_t>(parts), 0);
-    const auto part = [&](int64_t p) {
-        const int64_t begin = blocks * p / parts * kBlock, end = std::min(rows.n, blocks * (p + 1) / parts * kBlock);
-        topk_small(rows, query, begin, end, query_scale, k, found.data() + p * k, &counts[p], level);
-    };
+// Rows [begin, end) of part p of `parts` (whole blocks, in index order).
+struct PartRange {
+    int64_t begin, end;
+};
+
+PartRange part_range(int64_t n, int64_t parts, int64_t p) {
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    return {blocks * p / parts * kBlock, std::min(n, blocks * (p + 1) / parts * kBlock)};
+}
+
+// part(p) for every p in [0, parts): parts 1.. on threads of their own, part 0 (and any part no thread could be had
+// for) on the caller's.
+template <typename Part>
+void run_parts(int64_t parts, const Part &part) {
     std::vector<std::thread> threads;
     int64_t p = 1;
     try {
@@ -566,6 +540,68 @@ int32_t topk_parallel(const Rows &rows, const Query &query, float query_scale, i
     for (int64_t rest = p; rest < parts; ++rest) part(rest);
     part(0);
     for (auto &t : threads) t.join();
+}
+
+// The scores of rows [begin, end) (begin a multiple of kBlock) into out[begin..end).
+void score_range(const Rows &rows, const Query &query, float query_scale, int64_t begin, int64_t end, float *out,
+                 int32_t level) {
+    alignas(64) int32_t dots[kBlock];
+    for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t m = std::min<int64_t>(kBlock, end - b);
+        rows_dots(rows, query, b, m, dots, level);
+        score_block(dots, rows.scales ? rows.scales + b : nullptr, query_scale, m, out + b, level);
+    }
+}
+
+// Every row's score into out[0..n), split over threads as the top-k scan splits a scan this large (each row's score
+// is computed the same way whatever the split).
+void score_rows(const Rows &rows, const Query &query, float query_scale, float *out, int32_t level) {
+    const int64_t parts = scan_parts(rows.n, rows.dim);
+    if (parts <= 1) return score_range(rows, query, query_scale, 0, rows.n, out, level);
+    run_parts(parts, [&](int64_t p) {
+        const PartRange r = part_range(rows.n, parts, p);
+        score_range(rows, query, query_scale, r.begin, r.end, out, level);
+    });
+}
+
+// score_rows for two queries; one pass over the panels where the level reads them, split over threads as
+// score_rows splits it.
+void score_rows2(const Rows &rows, const Query &qa, float sa, const Query &qb, float sb, float *out_a, float *out_b,
+                 int32_t level) {
+#if defined(__x86_64__)
+    if (rows.panels && level == NEXUS_SIMD_AVX512_VNNI) {
+        const auto range = [&](int64_t begin, int64_t end) {
+            alignas(64) int32_t da[kBlock], db[kBlock];
+            for (int64_t b = begin; b < end; b += kBlock) {
+                const int64_t m = std::min<int64_t>(kBlock, end - b);
+                dots_panels2(rows.panels, b, m, padded_dim(rows.dim), qa.q4, qb.q4, qa.corr, qb.corr, da, db);
+                score_block(da, rows.scales ? rows.scales + b : nullptr, sa, m, out_a + b, level);
+                score_block(db, rows.scales ? rows.scales + b : nullptr, sb, m, out_b + b, level);
+            }
+        };
+        const int64_t parts = scan_parts(rows.n, rows.dim);
+        if (parts <= 1) return range(0, rows.n);
+        run_parts(parts, [&](int64_t p) {
+            const PartRange r = part_range(rows.n, parts, p);
+            range(r.begin, r.end);
+        });
+        return;
+    }
+#endif
+    score_rows(rows, qa, sa, out_a, level);
+    score_rows(rows, qb, sb, out_b, level);
+}
+
+// The k <= kSmallK top-k over parts of the rows, one thread each (the caller runs the first), merged by the same
+// order a single pass keeps (score descending, then index), so the answer does not depend on the split.
+int32_t topk_parallel(const Rows &rows, const Query &query, float query_scale, int32_t k, int64_t parts, Hit *top,
+                      int32_t level) {
+    std::vector<Hit> found(static_cast<size_t>(parts * k));
+    std::vector<int32_t> counts(static_cast<size_t>(parts), 0);
+    run_parts(parts, [&](int64_t p) {
+        const PartRange r = part_range(rows.n, parts, p);
+        topk_small(rows, query, r.begin, r.end, query_scale, k, found.data() + p * k, &counts[p], level);
+    });
     std::vector<Hit> merged;
     for (int64_t i = 0; i < parts; ++i) merged.insert(merged.end(), found.begin() + i * k, found.begin() + i * k + counts[i]);
     const int32_t cnt = static_cast<int32_t>(std::min<int64_t>(k, static_cast<int64_t>(merged.size())));

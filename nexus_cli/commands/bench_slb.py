@@ -38,17 +38,18 @@ def render(doc: dict, console) -> None:
     t = Table(title=f"INT8 SLB top-{doc['params']['k']} scan · dim {doc['params']['dim']} · simd {doc['simd_level']}",
               title_justify="left", caption=env_line(doc), caption_justify="left")
     for col in ("N", "C++ scan µs", "row-major µs", "Python call µs", "NumPy f32 µs", "NumPy int8 µs", "C++ vs f32", "top-1 agree",
-                "exact µs", "exact agree", "rescored"):
+                "exact µs", "exact vs f32", "exact agree", "rescored"):
         t.add_column(col, justify="right")
     for r in doc["sizes"]:
         sp = r.get("speedup_cpp_vs_numpy_f32")
         ex = r.get("exact_us_p50")  # absent in results written before the exact scan existed
         rm = r.get("cpp_row_major_us_p50")  # absent in results written before the prepared scan existed
+        sx = r.get("speedup_exact_vs_numpy_f32")  # absent before it was reported
         t.add_row(f"{r['n']:,}", fmt_num(r["cpp_us_p50"], 2), fmt_num(rm, 2) if rm is not None else "—",
                   fmt_num(r["python_us_p50"], 2),
                   fmt_num(r["numpy_f32_us_p50"], 1), fmt_num(r["numpy_i8_us_p50"], 1),
                   f"{sp:.1f}x" if sp else "—", f"{r['top1_agreement'] * 100:.1f}%",
-                  fmt_num(ex, 2) if ex is not None else "—",
+                  fmt_num(ex, 2) if ex is not None else "—", f"{sx:.1f}x" if sx else "—",
                   f"{r['exact_top1_agreement'] * 100:.1f}%" if ex is not None else "—",
                   f"{r['exact_rescored_median']:.0f}" if ex is not None else "—")
     console.print(t)

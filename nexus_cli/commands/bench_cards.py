@@ -16,7 +16,7 @@ def command(
     model: Optional[str] = options.model(),
     depths: Optional[str] = typer.Option(None, "--depths", help="Card depths in tokens; 0 is the product's history window (default 0,512,1024,2048)."),
     dev_cases: Optional[int] = typer.Option(None, "--dev-cases", min=1, help="Development conversations per case file (default 3)."),
-    test_cases: Optional[int] = typer.Option(None, "--test-cases", min=1, help="Test conversations per case file (default 6)."),
+    test_cases: Optional[int] = typer.Option(None, "--test-cases", min=0, help="Test conversations per case file (default 6; 0: calibrate on the development ones only)."),
     write_repair: bool = typer.Option(False, "--write-repair", help="Record the calibrated repair as the model's default (nexus_cli/arguments/card_repair.json)."),
     registry_dir: Optional[str] = options.registry_dir(),
     seed: int = options.seed("Seed of the bootstrap and of the path order."),
@@ -43,6 +43,13 @@ def render(doc: dict, console) -> None:
     bands = ", ".join(f"{'≤' + str(b) if b is not None else 'deeper'}: {h:g} %" for b, h in s["repair"]["bands"])
     console.print(f"repair chosen on {s['dev_conversations']} development conversations (card share decoded after "
                   f"the conversation, per depth): {bands}", highlight=False)
+    for band, d in s["repair"]["dev"].items():
+        by = d.get("by_choice")
+        if by:  # which card tokens to recompute, on the development conversations
+            console.print(f"  band {band} (floor {fmt_kl(d['floor_kl_mean'])}): " + "; ".join(
+                f"{name} " + " / ".join(fmt_kl(v) for v in by[name]["kl_mean"].values())
+                + f" (2x floor from {by[name]['smallest_within']:g} %)" for name in ("first", "deviation", "layer1"))
+                + f" at {' / '.join(by['first']['kl_mean'])} %", highlight=False)
     t = Table(title=f"Cards in sessions · {p['model']} · test part, {s['test_conversations']} conversations",
               title_justify="left")
     for col in ("depth", "n", "card depth", "card tok", "repair %", "re-prefill ms", "splice ms", "speedup",

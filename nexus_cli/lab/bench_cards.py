@@ -44,6 +44,8 @@ from ..arguments.prompt import build_messages, tool_block
 from ..config import DEFAULT_LLM, REPO_ROOT
 from ..files import atomic_write_json
 from ..schema import compile_tool
+from ..splice.engine import recompute_tokens
+from ..splice.state import parse_state_blob
 from . import stats
 from .bench_routing import load_queries, pool_tools
 from .common import NULL_PROGRESS, Progress, registry_dir_default
@@ -57,6 +59,9 @@ HEAD_GRID = (0.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0)
 ALT_HEAD = 30.0  # a fixed share measured beside the calibrated one on the test part: where more decoding stopped
 #                 helping on the development conversations (the knee of the KL curve)
 TAIL_GRID = (5.0, 30.0, 50.0)  # eq. (2)'s repair (the card's last tokens decoded again), compared on the same runs
+# CacheBlend's choice of the tokens to recompute (those whose K/V deviate most from a full prefill's), compared with
+# the first tokens on the same runs at the same shares
+DEVIATION_GRID = (10.0, 20.0, 30.0, 50.0, 75.0)
 BANDS = (512, 1024, 2048)  # depth bands of the repair: up to 512, 1024, 2048 tokens; beyond, the last one's share
 WIDE = (100_000, 10_000_000)  # a window that keeps every earlier turn (its depth is set by the turns given)
 DEFAULTS = dict(model=DEFAULT_LLM, depths=[0, 512, 1024, 2048], dev_cases=3, test_cases=6, max_fold=2.0)
@@ -168,6 +173,73 @@ def _floor(ctx, tokens, head: int, ref: np.ndarray) -> float:
     return kl_divergence(ref, shifted)
 
 
+def _card_cells(ctx, span) -> tuple[np.ndarray, np.ndarray]:
+    """The K and V rows of the card's cells in the work sequence, float32 [layer, card token, row]."""
+    st = parse_state_blob(ctx.state_seq_get(WORK))
+    at = np.nonzero((st.pos >= span.head) & (st.pos < span.end))[0]
+    at = at[np.argsort(st.pos[at], kind="stable")]
+    if at.size != len(span.tokens):
+        raise ValueError(f"the work sequence holds {at.size} of the card's {len(span.tokens)} cells")
+    k = st.k[:, at].view(np.float16).astype(np.float32)
+    v = (st.v[:, :, at].transpose(0, 2, 1) if st.v_trans else st.v[:, at]).view(np.float16).astype(np.float32)
+    return k, v
+
+
+def _deviations(full, spliced) -> tuple[np.ndarray, np.ndarray]:
+    """Per card token, how far its spliced K/V lie from the full prefill's: summed over the layers (each layer's
+    squared error over its mean squared norm, so that every layer counts alike), and in layer 1 alone (the first
+    whose K/V depend on what came before; layer 0's only on the position)."""
+    (fk, fv), (sk, sv) = full, spliced
+    err = ((fk - sk) ** 2).sum(-1) + ((fv - sv) ** 2).sum(-1)  # [layer, token]
+    scale = (fk ** 2).sum(-1).mean(-1, keepdims=True) + (fv ** 2).sum(-1).mean(-1, keepdims=True)
+    rel = err / np.maximum(scale, 1e-30)
+    return rel.sum(0), rel[min(1, rel.shape[0] - 1)]
+
+
+def _selective(ctx, tokens, span, chosen: set[int]) -> np.ndarray:
+    """The card assembled from its spliced cells (held by the SHIFT sequence) and the `chosen` card tokens decoded
+    anew in place, in order, each attending to the conversation and to every card cell before it; then the tail."""
+    ctx.seq_rm(WORK, span.head, -1)
+    n, j = len(span.tokens), 0
+    while j < n:
+        fresh, j2 = j in chosen, j
+        while j2 < n and (j2 in chosen) == fresh:
+            j2 += 1
+        if fresh:
+            ctx.decode(list(tokens[span.head + j:span.head + j2]), span.head + j, WORK, logits_last=False)
+        else:
+            ctx.seq_cp(SHIFT, WORK, span.head + j, span.head + j2)
+        j = j2
+    return _tail(ctx, tokens, span.end)
+
+
+def _by_deviation(ctx, splicer, tokens, span, ref) -> dict:
+    """KL against the re-prefill with the H % of the card's tokens recomputed that deviate most (all layers; layer
+    1), and with its first H % recomputed in the same way (the check that the assembly adds nothing of its own)."""
+    _reprefill(ctx, tokens, span.head)
+    full = _card_cells(ctx, span)
+    _spliced(ctx, splicer, tokens, span, 0.0)
+    bare = _card_cells(ctx, span)
+    ctx.seq_rm(SHIFT, -1, -1)
+    ctx.seq_cp(WORK, SHIFT, span.head, span.end)  # the spliced card, kept aside
+    try:
+        dev_all, dev_first = _deviations(full, bare)
+        out = {"deviation": {}, "layer1": {}, "first": {}}
+        n = len(span.tokens)
+        for h in DEVIATION_GRID:
+            r = recompute_tokens(n, h)
+            picks = {"deviation": np.argsort(-dev_all, kind="stable")[:r],
+                     "layer1": np.argsort(-dev_first, kind="stable")[:r], "first": np.arange(r)}
+            for name, idx in picks.items():
+                out[name][f"{h:g}"] = kl_divergence(ref, _selective(ctx, tokens, span, {int(i) for i in idx}))
+        # where the deviation lies along the card: the share of it in the card's first 20 % of tokens
+        first20 = max(1, recompute_tokens(n, 20.0))
+        out["deviation_in_first_20pct"] = float(dev_all[:first20].sum() / max(dev_all.sum(), 1e-30))
+        return out
+    finally:
+        ctx.seq_rm(SHIFT, -1, -1)
+
+
 def _band(depth: int) -> int | None:
     return next((b for b in BANDS if depth <= b), None)
 
@@ -187,6 +259,15 @@ def _calibrate(rows: list[dict], max_fold: float) -> tuple[list, dict]:
         detail[str(b)] = {"n": len(sel), "depth_median": float(np.median([r["head"] for r in sel])),
                           "floor_kl_mean": floor, "kl_mean_by_head": {f"{h:g}": v for h, v in means.items()},
                           "kl_mean_by_tail": tails, "chosen_head_pct": chosen}
+        if all("kl_by_choice" in r for r in sel):  # which tokens to recompute: first, or deviating most
+            by = {}
+            for name in ("first", "deviation", "layer1"):
+                m = {f"{h:g}": float(np.mean([r["kl_by_choice"][name][f"{h:g}"] for r in sel])) for h in DEVIATION_GRID}
+                by[name] = {"kl_mean": m, "smallest_within": next(
+                    (h for h in DEVIATION_GRID if m[f"{h:g}"] <= max_fold * floor), 100.0)}
+            by["deviation_in_first_20pct_mean"] = float(np.mean(
+                [r["kl_by_choice"]["deviation_in_first_20pct"] for r in sel]))
+            detail[str(b)]["by_choice"] = by
     if bands and bands[-1][0] is not None:
         bands.append([None, bands[-1][1]])  # beyond the deepest band measured: its share
     return bands, detail
@@ -275,6 +356,7 @@ def _measure(ctx, llm, splicer, cases, depths, spec_of, calibrate: bool, progres
                                      for h in HEAD_GRID}
                 row["kl_by_tail"] = {f"{t:g}": kl_divergence(ref, _tail_repaired(ctx, splicer, tokens, span, t))
                                      for t in TAIL_GRID}
+                row["kl_by_choice"] = _by_deviation(ctx, splicer, tokens, span, ref)
             else:
                 paths = {"reprefill": lambda: _reprefill(ctx, tokens, span.head),
                          "splice": lambda: _spliced(ctx, splicer, tokens, span),

@@ -516,29 +516,24 @@ int64_t scan_parts(int64_t n, int32_t dim) {
     return std::max<int64_t>(1, std::min({hw, kMaxThreads, n * dim / kThreadBytes}));
 }
 
-// Rows [begin, end) of part p of `parts` (whole blocks, in index order).
-struct PartRange {
-    int64_t begin, end;
-};
-
-PartRange part_range(int64_t n, int64_t parts, int64_t p) {
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-    return {blocks * p / parts * kBlock, std::min(n, blocks * (p + 1) / parts * kBlock)};
-}
-
-// part(p) for every p in [0, parts): parts 1.. on threads of their own, part 0 (and any part no thread could be had
-// for) on the caller's.
+// part(p, begin, end) for every part p in [0, parts) of the rows [0, n), split in whole blocks in index order:
+// parts 1.. on threads of their own, part 0 (and any part no thread could be had for) on the caller's. One part
+// runs on the caller's thread alone.
 template <typename Part>
-void run_parts(int64_t parts, const Part &part) {
+void run_parts(int64_t n, int64_t parts, const Part &part) {
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const auto one = [&](int64_t p) {
+        part(p, blocks * p / parts * kBlock, std::min(n, blocks * (p + 1) / parts * kBlock));
+    };
     std::vector<std::thread> threads;
     int64_t p = 1;
     try {
-        for (; p < parts; ++p) threads.emplace_back(part, p);
+        for (; p < parts; ++p) threads.emplace_back(one, p);
     } catch (const std::system_error &) {
         // no thread to be had: the caller scans the rest
     }
-    for (int64_t rest = p; rest < parts; ++rest) part(rest);
-    part(0);
+    for (int64_t rest = p; rest < parts; ++rest) one(rest);
+    one(0);
     for (auto &t : threads) t.join();
 }
 
@@ -556,11 +551,8 @@ void score_range(const Rows &rows, const Query &query, float query_scale, int64_
 // Every row's score into out[0..n), split over threads as the top-k scan splits a scan this large (each row's score
 // is computed the same way whatever the split).
 void score_rows(const Rows &rows, const Query &query, float query_scale, float *out, int32_t level) {
-    const int64_t parts = scan_parts(rows.n, rows.dim);
-    if (parts <= 1) return score_range(rows, query, query_scale, 0, rows.n, out, level);
-    run_parts(parts, [&](int64_t p) {
-        const PartRange r = part_range(rows.n, parts, p);
-        score_range(rows, query, query_scale, r.begin, r.end, out, level);
+    run_parts(rows.n, scan_parts(rows.n, rows.dim), [&](int64_t, int64_t begin, int64_t end) {
+        score_range(rows, query, query_scale, begin, end, out, level);
     });
 }
 
@@ -570,7 +562,7 @@ void score_rows2(const Rows &rows, const Query &qa, float sa, const Query &qb, f
                  int32_t level) {
 #if defined(__x86_64__)
     if (rows.panels && level == NEXUS_SIMD_AVX512_VNNI) {
-        const auto range = [&](int64_t begin, int64_t end) {
+        run_parts(rows.n, scan_parts(rows.n, rows.dim), [&](int64_t, int64_t begin, int64_t end) {
             alignas(64) int32_t da[kBlock], db[kBlock];
             for (int64_t b = begin; b < end; b += kBlock) {
                 const int64_t m = std::min<int64_t>(kBlock, end - b);
@@ -578,12 +570,6 @@ void score_rows2(const Rows &rows, const Query &qa, float sa, const Query &qb, f
                 score_block(da, rows.scales ? rows.scales + b : nullptr, sa, m, out_a + b, level);
                 score_block(db, rows.scales ? rows.scales + b : nullptr, sb, m, out_b + b, level);
             }
-        };
-        const int64_t parts = scan_parts(rows.n, rows.dim);
-        if (parts <= 1) return range(0, rows.n);
-        run_parts(parts, [&](int64_t p) {
-            const PartRange r = part_range(rows.n, parts, p);
-            range(r.begin, r.end);
         });
         return;
     }
@@ -598,9 +584,8 @@ int32_t topk_parallel(const Rows &rows, const Query &query, float query_scale, i
                       int32_t level) {
     std::vector<Hit> found(static_cast<size_t>(parts * k));
     std::vector<int32_t> counts(static_cast<size_t>(parts), 0);
-    run_parts(parts, [&](int64_t p) {
-        const PartRange r = part_range(rows.n, parts, p);
-        topk_small(rows, query, r.begin, r.end, query_scale, k, found.data() + p * k, &counts[p], level);
+    run_parts(rows.n, parts, [&](int64_t p, int64_t begin, int64_t end) {
+        topk_small(rows, query, begin, end, query_scale, k, found.data() + p * k, &counts[p], level);
     });
     std::vector<Hit> merged;
     for (int64_t i = 0; i < parts; ++i) merged.insert(merged.end(), found.begin() + i * k, found.begin() + i * k + counts[i]);

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         ptoks.append(res.prompt_tokens)
         rec = {"id": c["id"], "tool": key, "right": right, "args": res.arguments, "gold": gold, "extra": extra,
                "dropped": res.dropped, "valid": res.valid, "errors": res.errors, "ms": res.timings_ms,
-               "history": bool(c.get("history")), "closed": res.closed, "raw": res.raw}
+               "history": bool(c.get("history")), "closed": res.closed, "guessed": res.guessed, "raw": res.raw}
         per_case.append(rec)
         if a.verbose:
             mark = "ok " if all(right.values()) else "BAD"

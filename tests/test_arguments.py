@@ -284,6 +284,23 @@ def test_smollm_end_to_end_valid_arguments(smollm):
         assert res.timings_ms["total"] >= res.timings_ms["first_token"] > 0 and res.prompt_tokens > 50
 
 
+def test_smollm_answers_name_the_required_values_the_request_does_not_give(smollm):
+    """`guessed` comes with every valid answer: the required fields whose value the request holds no word of (SmolLM2
+    invents an owner for this one), and none whose value it writes."""
+    tools = {t.name: t for t in load_registries([FORGE])}
+    spec = compile_tool(tools["create_pull_request"])
+    query = "open a pull request in acme/api from feature/login into main titled Add login page"
+    res = generate_arguments(smollm, spec, query)
+    assert res.valid and res.guessed, (res.arguments, res.guessed)
+    required = set(tools["create_pull_request"].input_schema["required"])
+    for key, value in res.arguments.items():
+        if key in required and isinstance(value, str):
+            words = set(query.lower().replace("/", " ").split())
+            assert (key in res.guessed) == (not any(w in words for w in value.lower().replace("/", " ").split())), \
+                (key, value)
+    assert res.guessed == [k for k in res.arguments if k in res.guessed]  # in the answer's order
+
+
 def test_values_stated_in_another_form_back_their_optional_fields():
     """A date in words, a period code written as a count and a unit, an enum code a description explains: the drop
     keeps them (they were removed as unbacked). A date of another day or year, or a period of another count, is

@@ -570,14 +570,17 @@ def test_arguments_that_fail_validation_come_back_null_with_the_reason(router, m
     monkeypatch.setattr(router, "llm", lambda: None)
     monkeypatch.setattr(router, "argument_prefixes", lambda: None)
     d = router.route("close issue 7 in acme/web").as_json()
-    assert d["arguments"] is None and d["args_error"] == "missing required 'owner'"
+    assert d["arguments"] is None and d["args_error"] == "missing required 'owner'" and "guessed" not in d
 
     def fine(*_a, **_k):
-        return ArgsResult(arguments={"owner": "acme", "repo": "web", "issue_number": 7}, raw="", valid=True)
+        return ArgsResult(arguments={"owner": "acme", "repo": "web", "issue_number": 7}, raw="", valid=True,
+                          guessed=["issue_number"])
 
     monkeypatch.setattr(arguments_pkg, "generate_arguments", fine)
     d = router.route("close issue 7 in acme/web").as_json()
     assert d["arguments"] == {"owner": "acme", "repo": "web", "issue_number": 7} and "args_error" not in d
+    assert d["guessed"] == ["issue_number"]  # the pipeline's report, passed on as it is
+    assert "guessed" not in router.route("close issue 7 in acme/web", with_args=False).as_json()
 
 
 _ONESHOT = """

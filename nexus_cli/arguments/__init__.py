@@ -1,7 +1,8 @@
 """Arguments: a chosen tool's arguments generated under its grammar, repaired and validated.
 
 Entry point: `generate_arguments` (pipeline.py), the one pipeline every command calls. prompt.py builds what the
-model reads, prefixes.py keeps each tool's shared prompt prefix as a KV state, repairs.py mends the answer.
+model reads, prefixes.py keeps each tool's shared prompt prefix as a KV state, repairs.py mends the answer, guessed.py
+names the required values the request does not give.
 """
 
 from .pipeline import ArgsResult, PromptCache, generate_arguments

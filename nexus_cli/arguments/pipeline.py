@@ -21,7 +21,8 @@ answer left out get a second pass whose grammar requires them (stated_optional_k
 item one whose grammar asks for more (one_item_lists; new items kept only while the request writes them). The
 repairs (arguments/repairs.py) then drop unsupported optional fields, clamp numbers and restore values from the
 request; the result is validated with jsonschema against the ORIGINAL schema the server sent, and every violation
-is reported in `ArgsResult.errors` (valid=False).
+is reported in `ArgsResult.errors` (valid=False). The required values the request gives no trace of (the model had to
+write something: a placeholder owner, an invented branch) are named in `ArgsResult.guessed` (arguments/guessed.py).
 
 The prompt's cells: what the sequence still holds from the previous call (the longest common token prefix), and,
 with an ArgumentPrefixes, the part every call of the tool shares (the system prompt, and the tool's block when
@@ -42,6 +43,7 @@ from ..errors import NexusError, SchemaError
 from ..schema import ToolSpec, grammar_of, validate_arguments, with_string_limit
 from .cards import CardSpan, card_span
 from .drafts import ArgumentDrafter
+from .guessed import guessed_values
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
 from .prompt import build_messages, source_text, tool_block
 from .repairs import (
@@ -83,6 +85,7 @@ class ArgsResult:
     drafted: int = 0  # draft tokens verified over the call's generations (arguments/drafts.py)
     accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
     closed: list[str] = field(default_factory=list)  # optional strings closed early (also among `dropped`)
+    guessed: list[str] = field(default_factory=list)  # required values the request gives no trace of (guessed.py)
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -405,4 +408,4 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted,
-                      gen.closed)
+                      gen.closed, guessed_values(args, spec, source) if not errors else [])

@@ -178,6 +178,9 @@ def _render(query: str, res, with_args: bool) -> None:
     if with_args:
         if res.arguments is not None:
             parts.append(Text("arguments: " + json.dumps(res.arguments, ensure_ascii=False), style="bold"))
+            if res.guessed:
+                parts.append(Text("guessed, not in the request: " + ", ".join(res.guessed)
+                                  + " (state them to replace the model's guesses)", style="yellow"))
         if res.args_error:
             parts.append(Text(f"arguments: {res.args_error}", style="red"))
     t = res.timings_ms

@@ -68,6 +68,8 @@ class RouteResult:
     timings_ms: dict
     reranker: str | None = None
     args_error: str | None = None
+    # required argument values the request gives no trace of (arguments/guessed.py); None when no arguments were made
+    guessed: list[str] | None = None
     id: Any = None
     # the same tool on other servers (equal name, description and parameters): the request cannot prefer one of them
     interchangeable: list[dict] = field(default_factory=list)
@@ -87,6 +89,8 @@ class RouteResult:
             d["reranker"] = self.reranker
         if self.args_error is not None:
             d["args_error"] = self.args_error
+        if self.guessed is not None:
+            d["guessed"] = self.guessed
         if self.id is not None:
             d = {"id": self.id, **d}
         return d
@@ -370,10 +374,10 @@ class Router:
                            score=round(float(scores[i]), 6),
                            rerank_score=round(rerank_scores[i], 6) if i in rerank_scores else None)
                  for i in ranked[: self.config.top_k]]
-        args, args_err = None, None
+        args, args_err, guessed = None, None, None
         t_a = time.perf_counter()
         if with_args:
-            args, args_err = self._arguments(query, self.index.tools[best], history)
+            args, args_err, guessed = self._arguments(query, self.index.tools[best], history)
         tm["args"] = (time.perf_counter() - t_a) * 1e3
         tm["total"] = (time.perf_counter() - t_start) * 1e3
         timings = {k2: round(tm[k2], 3) for k2 in ("embed", "scan", "rerank", "args", "total")}
@@ -383,7 +387,7 @@ class Router:
             gate={"margin": round(margin, 6) if np.isfinite(margin) else None, "tau": round(self.tau, 6),
                   "escalated": bool(escalate)},
             signature=entry.signature, timings_ms=timings,
-            reranker=self._reranker_name if do_rerank else None, args_error=args_err,
+            reranker=self._reranker_name if do_rerank else None, args_error=args_err, guessed=guessed,
             interchangeable=[{"server": t.server, "tool": t.name} for t in twins],
         )
 
@@ -412,10 +416,10 @@ class Router:
             self._arg_prefixes = ArgumentPrefixes(store=store)
         return self._arg_prefixes
 
-    def _arguments(self, query: str, entry, history) -> tuple[dict | None, str | None]:
+    def _arguments(self, query: str, entry, history) -> tuple[dict | None, str | None, list[str] | None]:
         """Arguments through the one argument pipeline (arguments.generate_arguments). Returns (arguments,
-        error-or-None); a tool whose schema could not be compiled, or output that fails validation, is reported, not
-        raised, and then the arguments are None."""
+        error-or-None, the required values guessed or None); a tool whose schema could not be compiled, or output
+        that fails validation, is reported, not raised, and then the arguments are None."""
         from ..arguments import generate_arguments
 
         try:
@@ -424,7 +428,7 @@ class Router:
         except NexusError as e:
             if isinstance(e, ModelError):
                 raise
-            return None, e.message
+            return None, e.message, None
         if not res.valid:  # a final failure is never passed off as arguments: null, with the reason beside it
-            return None, "; ".join(res.errors) or "the arguments did not validate"
-        return res.arguments, None
+            return None, "; ".join(res.errors) or "the arguments did not validate", None
+        return res.arguments, None, res.guessed

@@ -223,6 +223,7 @@ class Engine:
         out.kv = cache.report()
         out.raw = a.raw
         res.arguments = a.arguments if a.valid else None  # never an invalid object passed off as arguments
+        res.guessed = list(a.guessed) if a.valid else None
         out.args_valid = a.valid
         out.args_errors = list(a.errors)
         if a.errors:

@@ -1,0 +1,108 @@
+"""Required values the request does not give: the model's guesses, reported beside the arguments.
+
+A grammar makes the model fill every required field, so a request that leaves one out ("open a PR": no repository,
+no branches) still gets a full object, with placeholders (`your_username`) or plausible inventions (`main`) in it.
+The repairs never drop a required field, and an agent that calls the tool with such a value acts on something the
+user never said. `guessed_values` names those fields so the caller can ask instead of calling.
+
+A value is a guess when the request and the history window the prompt showed hold no trace of it: no word of a
+string (its stop words aside) is written there, or begins or extends one written there, or shares a stem with one;
+no number written there equals a number (nor a number word, an ordinal, another unit of the field, a date in words).
+Flags and enum members are choices among the schema's own values, and a value equal to the field's declared default
+is the schema's; neither is reported. A value can be traced and still wrong (the wrong branch of two the request
+names): this flags invention, not every error. Measured in docs/arguments.md, "Guessed values".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..schema import ToolSpec
+from .repairs import _NUMBER_WORDS, _members, _related, norm_text, normalized_backed, unit_backed
+
+# words that trace nothing: a value "the main branch" is not traced by "the"
+_STOP = frozenset("a an the of to for in on at by and or my your our their me us you it this that with from".split())
+
+_ORDINALS = {n: w for n, w in enumerate("""zeroth first second third fourth fifth sixth seventh eighth ninth
+tenth""".split()) if n >= 1}
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class _Context:
+    """The request + window as the tests below read it: its words and the numbers written in it."""
+
+    def __init__(self, text: str):
+        self.text = norm_text(text)
+        self.words = set(re.findall(r"[a-z0-9]+", self.text))
+        self.numbers = {abs(float(m)) for m in _NUMBER.findall(self.text)}
+
+    def traces_word(self, w: str) -> bool:
+        """A word of a value is written here, begins or extends a word written here (three letters or more on both
+        sides: "eur" and "euros", "doge" and "dogecoin"), or shares a stem with one (`_related`)."""
+        if w in self.words:
+            return True
+        if w.isdigit():
+            return False  # a number is traced by its value (traces_number), not by the digits of another
+        for c in self.words:
+            if min(len(c), len(w)) >= 3 and (c.startswith(w) or w.startswith(c)):
+                return True
+            if len(w) >= 4 and len(c) >= 4 and _related(w, c):
+                return True
+        return False
+
+    def traces_number(self, v: float) -> bool:
+        if abs(float(v)) in self.numbers:  # "52.5200" traces 52.52; "-74.0060" traces -74.006
+            return True
+        if float(v).is_integer():
+            for words in (_NUMBER_WORDS, _ORDINALS):
+                w = words.get(int(v))
+                if w and re.search(rf"(?<![a-z]){w}(?![a-z])", self.text):
+                    return True
+        return False
+
+
+def _traced(value: Any, schema: Any, ctx: _Context) -> bool:
+    if value is None or isinstance(value, bool) or isinstance(value, dict):
+        return True  # flags are choices; an object's own required fields are looked at one by one
+    if _members(schema, value) is not None:
+        return True  # an enum member: a choice among the schema's values
+    if isinstance(schema, dict) and "default" in schema and schema["default"] == value:
+        return True
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema, dict) else None
+        return all(_traced(x, items, ctx) for x in value)
+    if isinstance(value, (int, float)):
+        return ctx.traces_number(value) or unit_backed(value, "", schema, ctx.text) or \
+            normalized_backed(value, schema, ctx.text)
+    if isinstance(value, str):
+        words = [w for w in re.findall(r"[a-z0-9]+", norm_text(value)) if w not in _STOP]
+        if not words:
+            return True  # nothing to trace (an empty string, punctuation)
+        return any(ctx.traces_word(w) for w in words) or normalized_backed(value, schema, ctx.text)
+    return True
+
+
+def _guessed(args: dict, schema: Any, ctx: _Context, prefix: str) -> list[str]:
+    schema = schema if isinstance(schema, dict) else {}
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    out: list[str] = []
+    for key, value in args.items():
+        if key not in required:
+            continue  # an optional value the request does not back is dropped already (repairs.drop_unsupported)
+        sub = props.get(key)
+        if isinstance(value, dict) and isinstance(sub, dict):
+            out += _guessed(value, sub, ctx, f"{prefix}{key}.")
+        elif not _traced(value, sub, ctx):
+            out.append(prefix + key)
+    return out
+
+
+def guessed_values(args: dict | None, spec: ToolSpec, context: str) -> list[str]:
+    """The paths ("owner", "query.filter") of the answer's required values of which `context` (the request and the
+    history window) holds no trace, in the answer's order; [] for no answer."""
+    if not isinstance(args, dict):
+        return []
+    return _guessed(args, spec.schema, _Context(context), "")

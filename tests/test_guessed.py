@@ -1,0 +1,74 @@
+"""arguments/guessed.py: which required values of an answer the request gives no trace of, and the report of them
+through generate_arguments, `nexus route --json` and the route panel."""
+
+from __future__ import annotations
+
+from nexus_cli.arguments.guessed import guessed_values
+from nexus_cli.registry import Tool
+from nexus_cli.schema import compile_tool
+
+
+def spec_of(properties: dict, required: list[str]):
+    return compile_tool(Tool(server="s", name="t", description="a tool",
+                             input_schema={"type": "object", "properties": properties, "required": required}))
+
+
+PR = spec_of({"owner": {"type": "string"}, "repo": {"type": "string"}, "head": {"type": "string"},
+              "base": {"type": "string"}, "title": {"type": "string"}, "body": {"type": "string"}},
+             ["owner", "repo", "head", "base", "title"])
+
+
+def test_values_the_request_does_not_give_are_named_in_the_answers_order():
+    args = {"owner": "your_username", "repo": "your_repository", "title": "Open PR", "head": "your_branch",
+            "base": "main"}
+    # "Open PR" is traced (its words are the request's); the rest are the model's
+    assert guessed_values(args, PR, "open a PR") == ["owner", "repo", "head", "base"]
+    stated = {"owner": "acme", "repo": "api", "title": "Add login page", "head": "feature/login", "base": "main"}
+    assert guessed_values(stated, PR, "open a pull request in acme/api from feature/login into main titled Add "
+                                      "login page") == []
+
+
+def test_the_history_window_traces_values_too():
+    args = {"owner": "acme", "repo": "api", "title": "Fix", "head": "fix/x", "base": "main"}
+    assert guessed_values(args, PR, "open a PR for it") == ["owner", "repo", "title", "head", "base"]
+    # the request + window as the pipeline joins them (prompt.source_text)
+    assert guessed_values(args, PR, "open a PR for it I pushed fix/x to acme/api, based on main") == []
+
+
+def test_optional_values_flags_enums_and_defaults_are_never_guesses():
+    spec = spec_of({"path": {"type": "string"}, "recursive": {"type": "boolean"},
+                    "mode": {"type": "string", "enum": ["fast", "slow"]}, "encoding": {"type": "string",
+                                                                                      "default": "utf-8"},
+                    "note": {"type": "string"}}, ["path", "recursive", "mode", "encoding"])
+    args = {"path": "/tmp/x", "recursive": True, "mode": "slow", "encoding": "utf-8", "note": "made up"}
+    assert guessed_values(args, spec, "list the folder") == ["path"]
+    assert guessed_values(args, spec, "list /tmp/x") == []
+
+
+def test_numbers_are_traced_by_value_and_by_words():
+    spec = spec_of({"lat": {"type": "number"}, "n": {"type": "integer"}, "step": {"type": "integer"}},
+                   ["lat", "n", "step"])
+    assert guessed_values({"lat": 52.52, "n": 3, "step": 1}, spec, "at 52.5200, three of them, the first step") == []
+    assert guessed_values({"lat": 48.85, "n": 3, "step": 2}, spec, "at 52.5200, three of them, the first step") == \
+        ["lat", "step"]
+    # digits inside another number trace nothing: 12 is not in "2012"
+    assert guessed_values({"lat": 12, "n": 3, "step": 1}, spec, "since 2012, three, first") == ["lat"]
+
+
+def test_words_are_traced_by_stem_and_by_the_start_of_a_word():
+    spec = spec_of({"currency": {"type": "string"}, "city": {"type": "string"}}, ["currency", "city"])
+    assert guessed_values({"currency": "EUR", "city": "Asia/Tokyo"}, spec, "euros to yen in tokyo") == []
+    assert guessed_values({"currency": "USD", "city": "Paris"}, spec, "euros to yen in tokyo") == ["currency", "city"]
+    # stop words trace nothing
+    assert guessed_values({"currency": "the EUR", "city": "of"}, spec, "the price of it") == ["currency"]
+
+
+def test_lists_and_nested_objects():
+    spec = spec_of({"paths": {"type": "array", "items": {"type": "string"}},
+                    "query": {"type": "object", "properties": {"field": {"type": "string"}, "op": {"type": "string"}},
+                              "required": ["field"]}}, ["paths", "query"])
+    ctx = "read a.txt and b.txt, filter on status"
+    assert guessed_values({"paths": ["a.txt", "b.txt"], "query": {"field": "status", "op": "eq"}}, spec, ctx) == []
+    assert guessed_values({"paths": ["a.txt", "c.md"], "query": {"field": "owner"}}, spec, ctx) == \
+        ["paths", "query.field"]
+    assert guessed_values(None, spec, ctx) == []

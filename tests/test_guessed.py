@@ -59,8 +59,9 @@ def test_words_are_traced_by_stem_and_by_the_start_of_a_word():
     spec = spec_of({"currency": {"type": "string"}, "city": {"type": "string"}}, ["currency", "city"])
     assert guessed_values({"currency": "EUR", "city": "Asia/Tokyo"}, spec, "euros to yen in tokyo") == []
     assert guessed_values({"currency": "USD", "city": "Paris"}, spec, "euros to yen in tokyo") == ["currency", "city"]
-    # stop words trace nothing
+    # stop words trace nothing, not even by their start ("the" and "there")
     assert guessed_values({"currency": "the EUR", "city": "of"}, spec, "the price of it") == ["currency"]
+    assert guessed_values({"currency": "EUR", "city": "there"}, spec, "euros, the price") == ["city"]
 
 
 def test_lists_and_nested_objects():

@@ -36,6 +36,7 @@ class _Context:
     def __init__(self, text: str):
         self.text = norm_text(text)
         self.words = set(re.findall(r"[a-z0-9]+", self.text))
+        self._content = self.words - _STOP  # a stop word traces no value by its start ("the" and "there")
         self.numbers = {abs(float(m)) for m in _NUMBER.findall(self.text)}
 
     def traces_word(self, w: str) -> bool:
@@ -45,7 +46,7 @@ class _Context:
             return True
         if w.isdigit():
             return False  # a number is traced by its value (traces_number), not by the digits of another
-        for c in self.words:
+        for c in self._content:
             if min(len(c), len(w)) >= 3 and (c.startswith(w) or w.startswith(c)):
                 return True
             if len(w) >= 4 and len(c) >= 4 and _related(w, c):

@@ -59,8 +59,8 @@ def test_words_are_traced_by_stem_and_by_the_start_of_a_word():
     spec = spec_of({"currency": {"type": "string"}, "city": {"type": "string"}}, ["currency", "city"])
     assert guessed_values({"currency": "EUR", "city": "Asia/Tokyo"}, spec, "euros to yen in tokyo") == []
     assert guessed_values({"currency": "USD", "city": "Paris"}, spec, "euros to yen in tokyo") == ["currency", "city"]
-    # stop words trace nothing, not even by their start ("the" and "there")
-    assert guessed_values({"currency": "the EUR", "city": "of"}, spec, "the price of it") == ["currency"]
+    # stop words trace nothing, not even by their start ("the" and "there"); a value of stop words alone is no value
+    assert guessed_values({"currency": "the EUR", "city": "of"}, spec, "the price of it") == ["currency", "city"]
     assert guessed_values({"currency": "EUR", "city": "there"}, spec, "euros, the price") == ["city"]
 
 
@@ -73,3 +73,21 @@ def test_lists_and_nested_objects():
     assert guessed_values({"paths": ["a.txt", "c.md"], "query": {"field": "owner"}}, spec, ctx) == \
         ["paths", "query.field"]
     assert guessed_values(None, spec, ctx) == []
+
+
+def test_placeholders_and_empty_values_are_guesses_even_with_a_word_of_the_request():
+    spec = spec_of({"repo_path": {"type": "string"}, "url": {"type": "string"}, "target": {"type": "string"}},
+                   ["repo_path", "url", "target"])
+    ctx = "diff my repo against main and fetch it"
+    assert guessed_values({"repo_path": "your-repo-path", "url": "https://example.com/repo", "target": "main"},
+                          spec, ctx) == ["repo_path", "url"]
+    assert guessed_values({"repo_path": "", "url": "it", "target": "main"}, spec, ctx) == ["repo_path", "url"]
+    # a placeholder's word the request writes itself is the request's
+    assert guessed_values({"repo_path": "/srv/example", "url": "https://example.com", "target": "main"}, spec,
+                          "diff /srv/example against main, fetch https://example.com") == []
+
+
+def test_words_of_scripts_written_without_spaces_are_traced_as_written():
+    spec = spec_of({"names": {"type": "string"}}, ["names"])
+    assert guessed_values({"names": "杭州东|南京南"}, spec, "杭州东和南京南的车站代码") == []
+    assert guessed_values({"names": "上海虹桥"}, spec, "杭州东和南京南的车站代码") == ["names"]

@@ -8,6 +8,8 @@ user never said. `guessed_values` names those fields so the caller can ask inste
 A value is a guess when the request and the history window the prompt showed hold no trace of it: no word of a
 string (its stop words aside) is written there, or begins or extends one written there, or shares a stem with one;
 no number written there equals a number (nor a number word, an ordinal, another unit of the field, a date in words).
+A string of stop words alone ("it"), an empty one, or one with a placeholder's word the request does not write
+(`your-repo-path`, `https://example.com`) is a guess too.
 Flags and enum members are choices among the schema's own values, and a value equal to the field's declared default
 is the schema's; neither is reported. A value can be traced and still wrong (the wrong branch of two the request
 names): this flags invention, not every error. Measured in docs/arguments.md, "Guessed values".
@@ -24,10 +26,16 @@ from .repairs import _NUMBER_WORDS, _members, _related, norm_text, normalized_ba
 # words that trace nothing: a value "the main branch" is not traced by "the"
 _STOP = frozenset("a an the of to for in on at by and or my your our their me us you it this that with from".split())
 
+# words a model writes where it has no value (`your_username`, `https://example.com`, `<placeholder>`): a value with
+# one of them is a guess whatever else it holds ("your-repo-path" has the request's "repo" in it), unless the request
+# writes that word itself
+_PLACEHOLDER = frozenset("your example placeholder dummy changeme xxx".split())
+
 _ORDINALS = {n: w for n, w in enumerate("""zeroth first second third fourth fifth sixth seventh eighth ninth
 tenth""".split()) if n >= 1}
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_WORD = re.compile(r"[^\W_]+")  # letters and digits of any script
 
 
 class _Context:
@@ -35,7 +43,7 @@ class _Context:
 
     def __init__(self, text: str):
         self.text = norm_text(text)
-        self.words = set(re.findall(r"[a-z0-9]+", self.text))
+        self.words = set(_WORD.findall(self.text))
         self._content = self.words - _STOP  # a stop word traces no value by its start ("the" and "there")
         self.numbers = {abs(float(m)) for m in _NUMBER.findall(self.text)}
 
@@ -44,6 +52,8 @@ class _Context:
         sides: "eur" and "euros", "doge" and "dogecoin"), or shares a stem with one (`_related`)."""
         if w in self.words:
             return True
+        if not w.isascii():
+            return w in self.text  # scripts written without spaces (杭州东 inside 杭州东和南京南): as written
         if w.isdigit():
             return False  # a number is traced by its value (traces_number), not by the digits of another
         for c in self._content:
@@ -78,9 +88,12 @@ def _traced(value: Any, schema: Any, ctx: _Context) -> bool:
         return ctx.traces_number(value) or unit_backed(value, "", schema, ctx.text) or \
             normalized_backed(value, schema, ctx.text)
     if isinstance(value, str):
-        words = [w for w in re.findall(r"[a-z0-9]+", norm_text(value)) if w not in _STOP]
+        tokens = _WORD.findall(norm_text(value))
+        if any(t in _PLACEHOLDER and t not in ctx.words for t in tokens):
+            return False
+        words = [w for w in tokens if w not in _STOP]
         if not words:
-            return True  # nothing to trace (an empty string, punctuation)
+            return False  # no value at all: an empty string, punctuation, "it"
         return any(ctx.traces_word(w) for w in words) or normalized_backed(value, schema, ctx.text)
     return True
 

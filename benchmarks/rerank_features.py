@@ -5,6 +5,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py fuse results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --prev-request
     python benchmarks/rerank_features.py history results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --orders
+    python benchmarks/rerank_features.py orders results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -16,6 +18,12 @@ their fused scores, then scores the first K of them with:
   the end of the turn, so a name that is the prefix of another is not favoured).
 
 `fuse` prints top-1 for each signal alone and for fusions of the retriever with each, so one rule can be chosen on dev.
+
+With `--orders`, only the requests where the cascade asks the name choice get it (the 0.5B likelihood's choice is
+not the retriever's first), each twice, reading the conversation as the product's cascade does: `choice15` with the
+cards in the retriever's order, `choice15_rev` with them in reverse (mapped back to the retriever's order). `orders`
+then prints the cascade, gated, with the first against the mean of the two (a list's order biases which name a
+model answers; the mean reads every candidate once near the top and once near the request).
 
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
@@ -47,7 +55,7 @@ from nexus_cli.lab.results import Run, model_identity  # noqa: E402
 from nexus_cli.lab.stats import sign_test  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
 from nexus_cli.routing.rerank import LikelihoodReranker, LLMReranker, rrf_fuse  # noqa: E402
-from nexus_cli.routing.router import Router, RouterConfig  # noqa: E402
+from nexus_cli.routing.router import Router, RouterConfig, routing_context  # noqa: E402
 
 SUITE = "rerank-features"
 POOL = 10
@@ -98,7 +106,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
-         queries: list[str] | None = None, prev_request: bool = False) -> Path:
+         queries: list[str] | None = None, prev_request: bool = False, orders: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -108,7 +116,10 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
+    if orders:
+        choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
+                          orders=orders,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -137,6 +148,16 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
             prev = last_user_turn(q.get("history"))
             row["ll05_prev"] = likelihood.log_likelihoods(likelihood.scored_text(prev), head) if prev else None
             needed = any(cascade_asks(row["ll05"], row["ll05_prev"], w) for w in (0.0, *PREV_WEIGHTS))
+        if orders:
+            asked = cascade_asks(row["ll05"], None, 0.0)
+            context = routing_context(q.get("history"))
+            chooser = choosers["choice15"]
+            row["choice15"] = chooser.name_logprobs(request, head, context) if asked else None
+            row["choice15_rev"] = chooser.name_logprobs(request, head[::-1], context)[::-1] if asked else None
+            rows.append(row)
+            if n % 10 == 0:
+                print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
+            continue
         for name, chooser in choosers.items():
             row[name] = chooser.name_logprobs(request, head) if needed else None
         rows.append(row)
@@ -227,6 +248,40 @@ def history(path: Path) -> None:
                   f"sign test p = {sign_test(fixed, broken):.3f}")
 
 
+def orders_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, with the name choice read in the retriever's
+    order (as shipped) against the mean of that and the reverse order, per query set; paired."""
+    doc = json.loads(Path(path).read_text())
+    rows, k, tau = doc["samples"]["queries"], doc["params"]["k"], doc["params"]["tau"]
+
+    def pick(r, both: bool) -> int:
+        if len(r["retriever"]) > 1 and r["retriever"][0] - r["retriever"][1] >= tau:
+            return 0  # the fast path: no reranker
+        if not cascade_asks(r["ll05"], None, 0.0):
+            return int(np.argmax(rrf_fuse(r["retriever"][:4], r["ll05"][:4], 60)))
+        c = np.asarray(r["choice15"], dtype=np.float64)
+        if both:
+            c = (c + np.asarray(r["choice15_rev"], dtype=np.float64)) / 2
+        return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
+
+    def kind(r) -> str:
+        s = r.get("set") or ""
+        return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
+
+    escalated = [r for r in rows if len(r["retriever"]) < 2 or r["retriever"][0] - r["retriever"][1] < tau]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(escalated)}, the name choice asked on "
+          f"{sum(cascade_asks(r['ll05'], None, 0.0) for r in escalated)}")
+    groups: dict[str, list] = {"all": rows}
+    for r in rows:
+        groups.setdefault(kind(r), []).append(r)
+    for name, rs in groups.items():
+        base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
+        two = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])
+        fixed, broken = int((two & ~base).sum()), int((~two & base).sum())
+        print(f"  {name} ({len(rs)}): one order {base.sum()} ({base.mean() * 100:.1f} %), both orders {two.sum()} "
+              f"({two.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = {sign_test(fixed, broken):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -239,18 +294,24 @@ def main() -> None:
     d.add_argument("--queries", action="append", default=None,
                    help="a request file (repeatable); by default the part's requests as `nexus bench routing-lso` reads them")
     d.add_argument("--out", default="results")
+    d.add_argument("--orders", action="store_true",
+                   help="the 1.5B name choice in both orders of the cards, where the cascade asks it (see `orders`)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
     f.add_argument("file")
     h = sub.add_parser("history")
     h.add_argument("file")
+    o = sub.add_parser("orders")
+    o.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries, a.prev_request))
+                   a.queries, a.prev_request, a.orders))
     elif a.cmd == "history":
         history(Path(a.file))
+    elif a.cmd == "orders":
+        orders_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

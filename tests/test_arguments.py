@@ -114,6 +114,9 @@ def test_flags_and_abbreviated_members_backed_by_what_the_request_says():
     # common words and the tool's own name back nothing
     assert not described("Allow commits from upstream members", "merge from main")
     assert not described("Return previous terminated container logs", "show the pods logs", ["pods", "logs"])
+    # "open" names the operation ("open a PR"), not a pull request's draft flag
+    assert not described("Open it as a draft that cannot be merged yet.", "open a pr")
+    assert described("Open it as a draft that cannot be merged yet.", "open a pr as a draft")
     assert enum_supported("DESC", "order descending") and enum_supported("prev", "the previous one")  # abbreviations
     assert enum_supported("asc", "oldest first, ascending")
     assert not enum_supported("DESC", "a description") and not enum_supported("main", "maintain it")

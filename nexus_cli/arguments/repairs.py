@@ -112,7 +112,7 @@ def supported(value: Any, context: str, name: str = "", enum: Sequence[Any] | No
 _DESCRIPTION_STOPWORDS = frozenset("""whether should default defaults which value values specified specify optional
 return returns returned include included including instead using given other these those there their about after
 before where while false true enable enabled disable disabled option options parameter field results result
-change changes update updates create creates delete deletes remove removes modify modifies
+change changes update updates create creates delete deletes remove removes modify modifies open opens opened
 from with that this into than then when each only will your have been also more most over such them they what
 true none some make used uses like just""".split())
 

@@ -136,8 +136,10 @@ def test_serve_with_arguments(forge_index, tmp_path):
     required = next(t for t in json.loads(FORGE.read_text())["tools"] if t["name"] == "close_issue")["inputSchema"]["required"]
     if r["arguments_valid"]:  # validated against the tool's own schema (the values are the 135M model's best effort)
         assert isinstance(r["arguments"], dict) and set(required) <= set(r["arguments"])
+        # the required values the request does not give are named (a list, possibly empty), in the answer's order
+        assert isinstance(r["guessed"], list) and set(r["guessed"]) <= set(required)
     else:  # a failure is null with its reasons, never an invalid object
-        assert r["arguments"] is None and r["arguments_errors"]
+        assert r["arguments"] is None and r["arguments_errors"] and "guessed" not in r
 
 
 def test_serve_refuses_a_missing_index(tmp_path):

@@ -80,14 +80,25 @@ def cascade_asks(ll, prev, w: float) -> bool:
     return int(np.argmax(_likelihood(ll, prev, w))) != 0
 
 
-def cascade_pick(r: dict, k: int, w: float = 0.0) -> int:
+def cascade_pick(r: dict, k: int, w: float = 0.0, choice=None) -> int:
     """The cascade's choice for a dumped request (CascadeReranker.score): the name choice (the retriever + 0.1 x its
-    log-probability) where it is asked, else the likelihood's reciprocal-rank fusion with the retriever over 4."""
+    log-probability; `choice`, else the dumped choice15) where it is asked, else the likelihood's reciprocal-rank
+    fusion with the retriever over 4."""
     prev = r.get("ll05_prev")
     if cascade_asks(r["ll05"], prev, w):
-        c = np.asarray(r["choice15"], dtype=np.float64)
+        c = np.asarray(r["choice15"] if choice is None else choice, dtype=np.float64)
         return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
     return int(np.argmax(rrf_fuse(r["retriever"][:4], list(_likelihood(r["ll05"], prev, w)), 60)))
+
+
+def escalated(r: dict, tau: float) -> bool:
+    """Does the index's margin gate escalate this dumped request (its first two distinct tools' gap below tau)?"""
+    return len(r["retriever"]) < 2 or r["retriever"][0] - r["retriever"][1] < tau
+
+
+def request_kind(r: dict) -> str:
+    s = r.get("set") or ""
+    return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
 
 
 def choice_scorer(model: str, k: int) -> LLMReranker:
@@ -154,12 +165,9 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
             chooser = choosers["choice15"]
             row["choice15"] = chooser.name_logprobs(request, head, context) if asked else None
             row["choice15_rev"] = chooser.name_logprobs(request, head[::-1], context)[::-1] if asked else None
-            rows.append(row)
-            if n % 10 == 0:
-                print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
-            continue
-        for name, chooser in choosers.items():
-            row[name] = chooser.name_logprobs(request, head) if needed else None
+        else:
+            for name, chooser in choosers.items():
+                row[name] = chooser.name_logprobs(request, head) if needed else None
         rows.append(row)
         if n % 10 == 0:
             print(f"[{time.time() - t0:6.0f} s] {n + 1}/{len(qs)}", file=sys.stderr, flush=True)
@@ -225,19 +233,12 @@ def history(path: Path) -> None:
     rows, k, tau = doc["samples"]["queries"], doc["params"]["k"], doc["params"]["tau"]
 
     def pick(r, w: float) -> int:
-        if len(r["retriever"]) > 1 and r["retriever"][0] - r["retriever"][1] >= tau:
-            return 0  # the fast path: no reranker
-        return cascade_pick(r, k, w)
-
-    def kind(r) -> str:
-        s = r.get("set") or ""
-        return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
+        return cascade_pick(r, k, w) if escalated(r, tau) else 0  # not escalated: the fast path, no reranker
 
     groups: dict[str, list] = {}
     for r in rows:
-        groups.setdefault(kind(r), []).append(r)
-    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, "
-          f"escalated {sum(len(r['retriever']) < 2 or r['retriever'][0] - r['retriever'][1] < tau for r in rows)}")
+        groups.setdefault(request_kind(r), []).append(r)
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {sum(escalated(r, tau) for r in rows)}")
     for name, rs in sorted(groups.items()):
         base = np.array([r["cands"][pick(r, 0.0)] in r["gold"] for r in rs])
         print(f"  {name} ({len(rs)}): shipped cascade {base.sum()} ({base.mean() * 100:.1f} %)")
@@ -255,25 +256,19 @@ def orders_report(path: Path) -> None:
     rows, k, tau = doc["samples"]["queries"], doc["params"]["k"], doc["params"]["tau"]
 
     def pick(r, both: bool) -> int:
-        if len(r["retriever"]) > 1 and r["retriever"][0] - r["retriever"][1] >= tau:
+        if not escalated(r, tau):
             return 0  # the fast path: no reranker
-        if not cascade_asks(r["ll05"], None, 0.0):
-            return int(np.argmax(rrf_fuse(r["retriever"][:4], r["ll05"][:4], 60)))
-        c = np.asarray(r["choice15"], dtype=np.float64)
-        if both:
-            c = (c + np.asarray(r["choice15_rev"], dtype=np.float64)) / 2
-        return int(np.argmax(np.asarray(r["retriever"][:k]) + 0.1 * (c - c.max())))
+        mean = None
+        if both and r["choice15"] is not None:
+            mean = (np.asarray(r["choice15"], dtype=np.float64) + np.asarray(r["choice15_rev"], dtype=np.float64)) / 2
+        return cascade_pick(r, k, choice=mean)
 
-    def kind(r) -> str:
-        s = r.get("set") or ""
-        return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
-
-    escalated = [r for r in rows if len(r["retriever"]) < 2 or r["retriever"][0] - r["retriever"][1] < tau]
-    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(escalated)}, the name choice asked on "
-          f"{sum(cascade_asks(r['ll05'], None, 0.0) for r in escalated)}")
+    up = [r for r in rows if escalated(r, tau)]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on "
+          f"{sum(cascade_asks(r['ll05'], None, 0.0) for r in up)}")
     groups: dict[str, list] = {"all": rows}
     for r in rows:
-        groups.setdefault(kind(r), []).append(r)
+        groups.setdefault(request_kind(r), []).append(r)
     for name, rs in groups.items():
         base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
         two = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])

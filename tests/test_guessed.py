@@ -51,6 +51,10 @@ def test_numbers_are_traced_by_value_and_by_words():
     assert guessed_values({"lat": 52.52, "n": 3, "step": 1}, spec, "at 52.5200, three of them, the first step") == []
     assert guessed_values({"lat": 48.85, "n": 3, "step": 2}, spec, "at 52.5200, three of them, the first step") == \
         ["lat", "step"]
+    # another unit of the field, which its name states: "2 minutes" traces timeout_ms 120000
+    unit = spec_of({"timeout_ms": {"type": "integer"}}, ["timeout_ms"])
+    assert guessed_values({"timeout_ms": 120000}, unit, "wait 2 minutes") == []
+    assert guessed_values({"timeout_ms": 5000}, unit, "wait 2 minutes") == ["timeout_ms"]
     # digits inside another number trace nothing: 12 is not in "2012"
     assert guessed_values({"lat": 12, "n": 3, "step": 1}, spec, "since 2012, three, first") == ["lat"]
 

@@ -74,7 +74,8 @@ class _Context:
         return False
 
 
-def _traced(value: Any, schema: Any, ctx: _Context) -> bool:
+def _traced(value: Any, schema: Any, ctx: _Context, name: str) -> bool:
+    """name: the field's, whose last word may be a unit (`timeout_ms`), as the drop reads it."""
     if value is None or isinstance(value, bool) or isinstance(value, dict):
         return True  # flags are choices; an object's own required fields are looked at one by one
     if _members(schema, value) is not None:
@@ -83,9 +84,9 @@ def _traced(value: Any, schema: Any, ctx: _Context) -> bool:
         return True
     if isinstance(value, list):
         items = schema.get("items") if isinstance(schema, dict) else None
-        return all(_traced(x, items, ctx) for x in value)
+        return all(_traced(x, items, ctx, name) for x in value)
     if isinstance(value, (int, float)):
-        return ctx.traces_number(value) or unit_backed(value, "", schema, ctx.text) or \
+        return ctx.traces_number(value) or unit_backed(value, name, schema, ctx.text) or \
             normalized_backed(value, schema, ctx.text)
     if isinstance(value, str):
         tokens = _WORD.findall(norm_text(value))
@@ -109,7 +110,7 @@ def _guessed(args: dict, schema: Any, ctx: _Context, prefix: str) -> list[str]:
         sub = props.get(key)
         if isinstance(value, dict) and isinstance(sub, dict):
             out += _guessed(value, sub, ctx, f"{prefix}{key}.")
-        elif not _traced(value, sub, ctx):
+        elif not _traced(value, sub, ctx, key):
             out.append(prefix + key)
     return out
 

@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nexus_cli.adapters.embedder import Embedder  # noqa: E402
+from nexus_cli.adapters.embedder import index_embedder  # noqa: E402
 from nexus_cli.adapters.llama import LlamaContext, LlamaModel  # noqa: E402
 from nexus_cli.config import DEFAULT_EMBEDDER  # noqa: E402
 from nexus_cli.lab.bench_lso import EXAMPLES, TEST_QUERIES, dev_requests, part_servers  # noqa: E402
@@ -121,7 +121,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
-    emb = Embedder(DEFAULT_EMBEDDER)
+    emb = index_embedder(DEFAULT_EMBEDDER)  # as `nexus bench routing-lso` embeds the index and the requests
     router = Router(_index_for(tools, emb), RouterConfig(reranker="none", prefix_store=False), embedder=emb)
     index = router.index
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)

@@ -35,8 +35,8 @@ def test_one_demo_round_routes_and_fills_the_arguments(tmp_path, monkeypatch):
 
 
 def test_an_index_build_round_indexes_every_tool_of_the_registry_files(tmp_path, monkeypatch):
-    """measure_index_build runs `nexus index` over the five registry files in a fresh process and keeps its wall
-    time and step times; its output folder does not stay; a missing file is a usage error."""
+    """measure_index_build runs `nexus index` over the registry files in a fresh process and keeps its wall time and
+    step times; its output folder does not stay; a missing file is a usage error."""
     from nexus_cli.errors import UsageError
     from nexus_cli.lab.common import NULL_PROGRESS
 
@@ -47,10 +47,11 @@ def test_an_index_build_round_indexes_every_tool_of_the_registry_files(tmp_path,
         (reg_dir / name).write_text(json.dumps({**registry, "server": f"{registry.get('server', 'forge')}{k}"}))
     n = len(registry["tools"])
     monkeypatch.setattr(bench_latency, "WORKTREES", tmp_path / "work")
-    out = bench_latency.measure_index_build(reg_dir, 1, NULL_PROGRESS)
-    assert out["tools"] == 5 * n and out["rounds"] == 1 and out["wall"]["n"] == 1
+    files = [reg_dir / name for name in bench_latency.INDEX_REGISTRY_FILES]
+    out = bench_latency.measure_index_build(files, 1, None, NULL_PROGRESS)
+    assert out["tools"] == 5 * n and out["rounds"] == 1 and out["wall"]["n"] == 1 and "baseline" not in out
     assert out["wall"]["median_ms"] > out["steps_ms"]["total"]["median_ms"] > out["steps_ms"]["embed"]["median_ms"] > 0
     assert not (tmp_path / "work" / "index-build").exists()
     (reg_dir / bench_latency.INDEX_REGISTRY_FILES[0]).unlink()
     with pytest.raises(UsageError, match="missing"):
-        bench_latency.measure_index_build(reg_dir, 1, NULL_PROGRESS)
+        bench_latency.measure_index_build(files, 1, None, NULL_PROGRESS)

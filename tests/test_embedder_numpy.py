@@ -222,3 +222,29 @@ def test_one_shot_route_does_not_import_torch(forge_index):
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["tool"] == "merge_pull_request" and "torch" in got["heavy"]
+
+
+def test_index_build_embeds_without_torch_with_the_same_decisions(tmp_path, forge_index, minilm_path):
+    """`nexus index` embeds as `nexus route` does (adapters.embedder.index_embedder): no torch import, and the index
+    routes the demo requests as one built through sentence-transformers (forge_index) does."""
+    out = tmp_path / "numpy-built"
+    code = ("import json, sys\n"
+            "from nexus_cli.registry import load_registries\n"
+            "from nexus_cli.routing.build import build_index\n"
+            f"rep = build_index(load_registries([{str(FORGE)!r}]), {str(out)!r}, embedder_name={str(minilm_path)!r})\n"
+            "print(json.dumps({'tau': rep.tau, 'heavy': sorted(m for m in ('torch', 'transformers', "
+            "'sentence_transformers') if m in sys.modules)}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NEXUS_QUERY_ENCODER"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["heavy"] == []
+    reference_tau = json.loads((forge_index / "manifest.json").read_text())["gate"]["tau"]
+    assert abs(got["tau"] - reference_tau) < 2e-3  # probes embedded alike: the calibrated threshold hardly moves
+    queries = [json.loads(x)["query"] for x in (REPO / "tool_registries" / "demo_queries.jsonl").read_text().splitlines()
+               if x.strip()]
+    built, reference = Router(out, RouterConfig(reranker="none")), Router(forge_index, RouterConfig(reranker="none"))
+    for q in queries:
+        a, b = built.route(q, with_args=False), reference.route(q, with_args=False)
+        assert [(c.server, c.tool) for c in a.candidates] == [(c.server, c.tool) for c in b.candidates]
+        assert max(abs(x.score - y.score) for x, y in zip(a.candidates, b.candidates)) < 2e-3

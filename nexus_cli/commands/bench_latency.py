@@ -20,6 +20,7 @@ def command(
     demo_rounds: Optional[int] = typer.Option(None, "--demo-rounds", help="Rounds of `make demo`'s request one-shot with arguments, each side once a round (default 5; 0 skips it)."),
     demo_baseline_ref: Optional[str] = typer.Option(None, "--demo-baseline-ref", help="The commit whose `make demo` request is the demo's baseline (default 39f5b35; 'none' to skip)."),
     index_rounds: Optional[int] = typer.Option(None, "--index-rounds", help="Rounds of `nexus index` over a 298-tool registry of ../shared/registries, a fresh process each (default 3; 0 skips it)."),
+    index_baseline_ref: Optional[str] = typer.Option(None, "--index-baseline-ref", help="The commit whose `nexus index` is the index builds' baseline (default 4d41b6e, the last that embedded through sentence-transformers; 'none' to skip)."),
     baseline_ref: Optional[str] = typer.Option(None, "--baseline-ref", help="The commit whose one-shot route is the baseline (default: the last one before the native scan step and encoder; 'none' to skip)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Request JSONL (default benchmarks/queries/routing.jsonl; only the text is used)."),
     registry_dir: Optional[str] = options.registry_dir(),
@@ -32,9 +33,10 @@ def command(
 
     s = options.settings(dict(small=small, reps=reps, oneshot_requests=oneshot_requests, oneshot_rounds=oneshot_rounds,
                               baseline_ref=baseline_ref, demo_rounds=demo_rounds,
-                              demo_baseline_ref=demo_baseline_ref, index_rounds=index_rounds), stage.DEFAULTS, quick,
+                              demo_baseline_ref=demo_baseline_ref, index_rounds=index_rounds,
+                              index_baseline_ref=index_baseline_ref), stage.DEFAULTS, quick,
                        stage.QUICK)
-    for k in ("baseline_ref", "demo_baseline_ref"):
+    for k in ("baseline_ref", "demo_baseline_ref", "index_baseline_ref"):
         if s[k] in ("none", ""):
             s[k] = None
     for k in ("reps", "oneshot_requests", "oneshot_rounds"):
@@ -86,8 +88,12 @@ def render(doc: dict, console) -> None:
                   fmt_ci(d["product"]["wall"]["median_ci_ms"], 0),
                   f"{d.get('baseline_ref')} {fmt_ci(base['wall']['median_ci_ms'], 0)}" if base else "—",
                   fmt_speedup(d.get("speedup")) if base else "—")
-    ib = s.get("index_build")
-    if ib:
-        t.add_row(f"`nexus index`, {ib['tools']} tools, no synthesis, a fresh process (ms; target {ib['target_s']} s)",
-                  fmt_ci(ib["wall"]["median_ci_ms"], 0), "—", "—")
+    for key, what in (("index_build", "no synthesis"), ("index_build_demo", "`make demo`'s registry")):
+        ib = s.get(key)
+        if ib:
+            base = ib.get("baseline")
+            t.add_row(f"`nexus index`, {ib['tools']} tools, {what}, a fresh process (ms; target {ib['target_s']} s)",
+                      fmt_ci(ib["wall"]["median_ci_ms"], 0),
+                      f"{ib.get('baseline_ref')} {fmt_ci(base['wall']['median_ci_ms'], 0)}" if base else "—",
+                      fmt_speedup(ib.get("speedup")) if base else "—")
     console.print(t)

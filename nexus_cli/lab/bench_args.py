@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..adapters.embedder import Embedder
+from ..adapters.embedder import index_embedder
 from ..adapters.llama import LlamaContext, load_model
 from ..arguments.pipeline import build_messages, common_prefix, generate_arguments
 from ..config import ARGUMENTS_LLM, DEFAULT_EMBEDDER, REPO_ROOT
@@ -183,7 +183,7 @@ def run(
                   latency="time to the first sampled argument token, prompt prefill included; steady state = common "
                           "prompt prefix cached, cold = empty cache")
     run_ = Run(SUITE, params, seed=seed, models={"llm": model_identity(model), "embedder": model_identity(embedder, kind="embedder")})
-    emb = Embedder(embedder)
+    emb = index_embedder(embedder)  # the index and the requests embedded as the product embeds them
     ipath = _index_for(tools, emb, examples=example_requests)
     router = Router(ipath, RouterConfig(reranker=reranker, model=model), embedder=emb)
     llm = load_model(model)

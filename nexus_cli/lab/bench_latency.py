@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels, textgen
-from ..adapters.embedder import Embedder, NumpyBertEncoder
+from ..adapters.embedder import Embedder, NumpyBertEncoder, index_embedder
 from ..config import DEFAULT_EMBEDDER, REPO_ROOT
 from ..errors import NexusError, UsageError
 from ..models import resolve_model
@@ -70,9 +70,9 @@ WORKTREES = REPO_ROOT / ".nexus" / "bench-latency"
 # thread fewer and its process ended without teardown (the 18c2df6 of the other one-shot rows wrote arguments with
 # the 0.5B model, the default then: another answer's cost, not a baseline for the same work)
 DEFAULTS = dict(small=250, reps=20, oneshot_requests=8, oneshot_rounds=3, baseline_ref="18c2df6", demo_rounds=5,
-                demo_baseline_ref="39f5b35", index_rounds=3)
+                demo_baseline_ref="39f5b35", index_rounds=3, index_baseline_ref="4d41b6e")
 QUICK = dict(small=50, reps=3, oneshot_requests=2, oneshot_rounds=1, baseline_ref=None, demo_rounds=0,
-             demo_baseline_ref=None, index_rounds=0)
+             demo_baseline_ref=None, index_rounds=0, index_baseline_ref=None)
 # A registry of about 300 tools for `nexus index` (the routing issue's size): five servers of ../shared/registries,
 # 298 tools, no example requests
 INDEX_REGISTRY_FILES = ("github.json", "playwright.json", "kubernetes.json", "github_legacy.json", "github-archived.json")
@@ -500,35 +500,66 @@ def measure_demo(rounds: int, baseline_ref: str | None, progress) -> dict:
     return out
 
 
-def measure_index_build(registry_dir: Path, rounds: int, progress) -> dict:
-    """`nexus index` of a ~300-tool registry without synthesis (INDEX_REGISTRY_FILES), as a user runs it: a fresh
-    process each round into an empty folder, its wall time and the command's own step times. The first round also
-    reads the files from disk; every round loads the embedder and embeds every tool text again (nothing is cached
-    between runs of `nexus index`). `--no-shipped-examples`: these servers are ones Nexus ships example requests for,
-    and the figure is for a registry nobody wrote any for."""
-    files = [registry_dir / name for name in INDEX_REGISTRY_FILES]
-    missing = [str(f) for f in files if not f.is_file()]
+def _index_once(tree: Path, lib: Path, site: Path | None, sources: list[Path], out: Path) -> tuple[float, dict]:
+    """One `nexus index SOURCES --out OUT --no-shipped-examples --json` from a tree, a fresh process into an empty
+    folder: (wall seconds, its report)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=os.pathsep.join(str(p) for p in (site, tree) if p), NEXUS_LIB=str(lib))
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", *map(str, sources), "--out", str(out),
+                        "--no-shipped-examples", "--json"], cwd=str(tree), env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    if p.returncode != 0:
+        raise NexusError(f"nexus index from {tree} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return dt, json.loads(p.stdout)
+
+
+def measure_index_build(sources: list[Path], rounds: int, baseline_ref: str | None, progress,
+                        label: str = "index") -> dict:
+    """`nexus index` of a registry without synthesis, as a user runs it: a fresh process each round into an empty
+    folder, its wall time and the command's own step times, this tree against the baseline (the first side
+    alternating by round), after one untimed run of each (files in the page cache, bytecode written). Every round
+    loads the embedder and embeds every tool text again (nothing is cached between runs of `nexus index`).
+    `--no-shipped-examples`: the figure is for a registry nobody wrote example requests for."""
+    missing = [str(f) for f in sources if not f.exists()]
     if missing:
         raise UsageError(f"the index registry is missing {missing[0]}")
-    wall, steps, tools = [], {}, None
+    trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
+    sites: dict[str, Path | None] = {"product": None}
+    baseline_packages: list[str] = []
+    if baseline_ref:
+        trees["baseline"] = _baseline_tree(baseline_ref, progress)
+        sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
+    out = WORKTREES / "index-build"
+    for k, (tree, lib) in trees.items():
+        _index_once(tree, lib, sites[k], sources, out)
+    wall = {k: [] for k in trees}
+    steps: dict[str, dict[str, list]] = {k: {} for k in trees}
+    reports = {}
     for r in range(rounds):
-        out = WORKTREES / "index-build"
-        shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", *map(str, files), "--out", str(out),
-                            "--no-shipped-examples", "--json"], cwd=str(REPO_ROOT), capture_output=True, text=True)
-        dt = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise NexusError(f"nexus index failed: {p.stderr.strip().splitlines()[-1:]}")
-        doc = json.loads(p.stdout)
-        tools = doc["n_tools"]
-        wall.append(dt)
-        for step, sec in doc["seconds"].items():
-            steps.setdefault(step, []).append(float(sec))
-        progress.advance(f"index round {r + 1}")
-    shutil.rmtree(WORKTREES / "index-build", ignore_errors=True)
-    return {"registry": [f.name for f in files], "tools": tools, "rounds": rounds, "wall": _ms(wall),
-            "steps_ms": {k: _ms(v) for k, v in steps.items()}, "target_s": 120}
+        for k in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            tree, lib = trees[k]
+            dt, doc = _index_once(tree, lib, sites[k], sources, out)
+            wall[k].append(dt)
+            reports[k] = doc
+            for step, sec in doc["seconds"].items():
+                steps[k].setdefault(step, []).append(float(sec))
+        progress.advance(f"{label} round {r + 1}")
+    doc = reports["product"]
+    result: dict = {"registry": [str(f.relative_to(REPO_ROOT)) if f.is_relative_to(REPO_ROOT) else f.name
+                                 for f in sources],
+                    "tools": doc["n_tools"], "vectors": doc["n_vectors"], "rounds": rounds, "target_s": 120}
+    for k in trees:
+        result[k] = {"wall": _ms(wall[k]), "steps_ms": {s2: _ms(v) for s2, v in steps[k].items()},
+                     "tau": reports[k]["gate"]["tau"]}
+    result["wall"], result["steps_ms"] = result["product"]["wall"], result["product"]["steps_ms"]
+    if baseline_ref:
+        result["baseline_ref"] = baseline_ref
+        result["baseline_packages"] = baseline_packages
+        result["speedup"] = _ratio(wall["baseline"], wall["product"])
+    return result
 
 
 # ----------------------------------------------------------------------------------------------- run
@@ -536,24 +567,24 @@ def measure_index_build(registry_dir: Path, rounds: int, progress) -> dict:
 def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rounds: int = 3,
         baseline_ref: str | None = None, queries: str | None = None, registry_dir=None, seed: int = 0,
         quick: bool = False, out_dir="results", progress=NULL_PROGRESS, demo_rounds: int = 0,
-        demo_baseline_ref: str | None = None, index_rounds: int = 0) -> dict:
+        demo_baseline_ref: str | None = None, index_rounds: int = 0, index_baseline_ref: str | None = None) -> dict:
     requests = _load_requests(Path(queries) if queries else DEFAULT_QUERIES)
     if quick:
         requests = requests[:12]
     run_ = Run(SUITE, params={"small": small, "reps": reps, "oneshot_requests": oneshot_requests,
                               "oneshot_rounds": oneshot_rounds, "baseline_ref": baseline_ref,
                               "demo_rounds": demo_rounds, "demo_baseline_ref": demo_baseline_ref,
-                              "index_rounds": index_rounds,
+                              "index_rounds": index_rounds, "index_baseline_ref": index_baseline_ref,
                               "queries": str(queries or DEFAULT_QUERIES.relative_to(REPO_ROOT)),
                               "requests": len(requests), "embedder": DEFAULT_EMBEDDER, "quick": quick,
                               "simd_level": kernels.simd_level()}, seed=seed)
-    progress.set_total(6 + 2 * oneshot_rounds + demo_rounds + index_rounds)
+    progress.set_total(6 + 2 * oneshot_rounds + demo_rounds + 2 * index_rounds)
     reg_dir = Path(registry_dir) if registry_dir else registry_dir_default()
     pool = pool_tools(reg_dir)
     if not 2 <= small <= len(pool):
         raise UsageError(f"--small must be between 2 and {len(pool)}")
     small_tools = sorted(random.Random(f"{seed}/latency/{small}").sample(range(len(pool)), small))
-    emb = Embedder(DEFAULT_EMBEDDER)
+    emb = index_embedder(DEFAULT_EMBEDDER)  # as `nexus index` embeds
     progress.advance("indexes")
     small_dir = _index_for([pool[i] for i in small_tools], emb)
     examples = load_example_requests([EXAMPLES])
@@ -589,6 +620,9 @@ def run(small: int = 250, reps: int = 20, oneshot_requests: int = 8, oneshot_rou
     if demo_rounds:
         summary["demo"] = measure_demo(demo_rounds, demo_baseline_ref, progress)
     if index_rounds:
-        summary["index_build"] = measure_index_build(reg_dir, index_rounds, progress)
+        summary["index_build"] = measure_index_build([reg_dir / name for name in INDEX_REGISTRY_FILES], index_rounds,
+                                                     index_baseline_ref, progress)
+        summary["index_build_demo"] = measure_index_build([DEMO_REGISTRY], index_rounds, index_baseline_ref, progress,
+                                                          label="demo index")
 
     return run_.write(summary, out_dir=out_dir)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..adapters.embedder import Embedder
+from ..adapters.embedder import index_embedder
 from ..config import DEFAULT_EMBEDDER, REPO_ROOT
 from ..errors import UsageError
 from ..registry import load_example_requests, load_registries
@@ -114,7 +114,7 @@ def run(
         raise UsageError(f"no request has its gold tool among the {part} servers' tools")
     # with synthesize_model, the LLM writes requests for the part's tools as `nexus index --synthesize` does (cached)
     writer = RequestWriter(synthesize_model) if synthesize_model else None
-    emb = Embedder(embedder)
+    emb = index_embedder(embedder)  # the part's index and its requests embedded as the product embeds them
     config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False,
                           **({} if history_weight is None else {"history_weight": history_weight}))
     router = Router(_index_for(tools, emb, synthesize=writer, lex_weight=lex_weight), config, embedder=emb)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import kernels
-from ..adapters.embedder import Embedder
+from ..adapters.embedder import index_embedder
 from ..adapters.llama import LlamaContext, load_model
 from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_LLM, REPO_ROOT
 from ..errors import NexusError, UsageError
@@ -142,8 +142,9 @@ def _embedder_key(embedder) -> str:
     path = Path(getattr(embedder, "path", "") or "")
     weights = [w for w in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")) if w.is_file()]
     stamp = [(w.name, w.stat().st_size, int(w.stat().st_mtime)) for w in weights]
+    # and the encoder that ran it: sentence-transformers and the NumPy/native encoder agree to ~2e-7, not bit for bit
     return json.dumps({"embedder": str(path.resolve()) if str(path) else getattr(embedder, "name", "?"),
-                       "weights": stamp})
+                       "weights": stamp, "encoder": type(embedder).__name__})
 
 
 def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, lex_weight: float | None = None) -> Path:
@@ -282,8 +283,9 @@ def run(
         models["llm"] = model_identity(model)
     run_ = Run(SUITE, params, seed=seed, models=models)
 
-    emb = Embedder(embedder)
-    run_.params["query_precision"] = emb.query_precision  # requests embed in bfloat16 where the CPU runs it natively
+    # indexes and requests embedded as `nexus index` and `nexus route --batch` embed them (one encoder for both)
+    emb = index_embedder(embedder)
+    run_.params["encoder"] = type(emb).__name__
     example_requests = load_example_requests([examples]) if examples else None
     plans = {s: plan_registries(qs, tools, s, seed) for s in size_list}
     progress.set_total(sum(len(qs) for _ in size_list))

@@ -519,7 +519,7 @@ def disconnect_mid_request(serve_args: list[str], tools, seed: int = 2) -> dict:
 
 def run(out_dir: str = "results", registry: str | None = None, clients: int = CLIENTS, requests: int = REQUESTS,
         seed: int = 0, reranker: str = "none", embedder: str | None = None, progress=None, write: bool = True) -> dict:
-    from ..adapters.embedder import Embedder
+    from ..adapters.embedder import index_embedder
     from ..config import DEFAULT_EMBEDDER
     from ..registry import load_registries
     from .bench_routing import _index_for
@@ -527,7 +527,7 @@ def run(out_dir: str = "results", registry: str | None = None, clients: int = CL
 
     reg = Path(registry) if registry else registry_dir_default()
     tools = load_registries([reg])
-    emb = Embedder(embedder or DEFAULT_EMBEDDER)
+    emb = index_embedder(embedder or DEFAULT_EMBEDDER)  # as `nexus index` embeds
     index = _index_for(tools, emb)
     run_ = Run(SUITE, {"registry": str(reg), "n_tools": len(tools), "clients": clients,
                        "requests_per_client": requests, "reranker": reranker, "embedder": emb.name,

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import __version__, audit, kernels, schema, textgen
-from ..adapters.embedder import Embedder
+from ..adapters.embedder import Embedder, index_embedder
 from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_RECIPE
 from ..errors import FormatError, NexusError
 from ..files import atomic_write_json, sha256_file
@@ -254,7 +254,8 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
 
     if embedder is None:
         t0 = time.perf_counter()
-        embedder = Embedder(embedder_name)
+        # fine-tuning trains the sentence-transformers model; anything else embeds as `nexus route` does, no torch
+        embedder = Embedder(embedder_name) if finetune else index_embedder(embedder_name)
         secs["load_embedder"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -219,7 +219,8 @@ int32_t nexus_rank_tools_packed(const nexus_rank_args *args);
  * columns 64p .. 64p+63 as k rows of 64 halves (row l at offset (p * k + l) * 64), the last panel padded with zeros, so
  * W takes ceil(n / 64) * k * 64 halves; bias float32 [n] or NULL; activation NEXUS_ACT_*; y float32 [m, n], not
  * aliasing x. Products are exact in float32; the order of the sums depends on the SIMD level, so results match a
- * float32 reference to rounding, not bit for bit. */
+ * float32 reference to rounding, not bit for bit. A large batch (m * k * n of 2^26 and more) is split by rows over
+ * the CPU's threads, with the same bits as one thread's pass. */
 int32_t nexus_linear_f16(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *bias,
                          int32_t activation, float *y);
 

@@ -6,6 +6,7 @@
 
 #include "check.hpp"
 #include "f16.hpp"
+#include "kernels.hpp"
 
 static double gelu_ref(double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }
 
@@ -47,6 +48,23 @@ int main() {
                     }
                 CHECK(close);
             }
+    }
+    // a batch large enough to be split by rows over threads (nexus_linear_f16 on a machine with 2+ cores): the same
+    // bits as one thread's pass, row blocks that do not divide evenly included
+    {
+        const int m = 601, k = 256, n = 448;
+        std::vector<float> x(static_cast<size_t>(m) * k), b(n), split(static_cast<size_t>(m) * n),
+            whole(static_cast<size_t>(m) * n);
+        std::vector<uint16_t> w(static_cast<size_t>(n / 64) * k * 64);
+        for (auto &v : x) v = static_cast<float>(rng.uniform() * 4 - 2);
+        for (auto &v : b) v = static_cast<float>(rng.uniform() - 0.5);
+        for (auto &v : w) v = nexus::f32_to_f16(static_cast<float>(rng.uniform() * 2 - 1));
+        for (int32_t level : levels) {
+            CHECK_OK(nexus_simd_set_level(level));
+            CHECK_OK(nexus_linear_f16(x.data(), m, k, w.data(), n, b.data(), NEXUS_ACT_GELU, split.data()));
+            nexus::linear_f16_level(x.data(), m, k, w.data(), n, b.data(), NEXUS_ACT_GELU, whole.data(), level);
+            CHECK(split == whole);
+        }
     }
     CHECK_OK(nexus_simd_set_level(saved));
 

@@ -9,9 +9,6 @@
 #include <climits>
 #include <cmath>
 #include <string>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 // GCC 12 reports its own _mm512_undefined_* idiom inside the intrinsic headers (reduce_add) as uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -23,6 +20,7 @@
 #include "common.hpp"
 #include "f16.hpp"
 #include "simd.hpp"
+#include "threads.hpp"
 
 namespace nexus {
 
@@ -263,25 +261,13 @@ constexpr int64_t kMaxLinearThreads = 8;
 
 void linear_f16_rows(const float *x, int64_t m, int32_t k, const uint16_t *w, int32_t n, const float *b, int32_t act,
                      float *y, int32_t level) {
-    // asked once: hardware_concurrency reads the CPU list from the system, microseconds a call
-    static const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
     const int64_t blocks = (m + 5) / 6;  // rows in blocks of 6, the AVX-512 tile's height
-    const int64_t parts = std::min({hw, kMaxLinearThreads, blocks, m * k * n / kThreadMacs});
+    const int64_t parts = std::min({hardware_threads(), kMaxLinearThreads, blocks, m * k * n / kThreadMacs});
     if (parts <= 1) return linear_f16_level(x, m, k, w, n, b, act, y, level);
-    const auto part = [&](int64_t p) {
+    run_on_threads(parts, [&](int64_t p) {
         const int64_t i0 = blocks * p / parts * 6, i1 = std::min(m, blocks * (p + 1) / parts * 6);
         if (i1 > i0) linear_f16_level(x + i0 * k, i1 - i0, k, w, n, b, act, y + i0 * n, level);
-    };
-    std::vector<std::thread> threads;
-    int64_t p = 1;
-    try {
-        for (; p < parts; ++p) threads.emplace_back(part, p);
-    } catch (const std::system_error &) {
-        // no thread to be had: the caller computes the rest
-    }
-    for (int64_t rest = p; rest < parts; ++rest) part(rest);
-    part(0);
-    for (auto &t : threads) t.join();
+    });
 }
 
 }  // namespace nexus

@@ -13,8 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +29,7 @@
 #include "common.hpp"
 #include "kernels.hpp"
 #include "simd.hpp"
+#include "threads.hpp"
 
 namespace nexus {
 
@@ -511,30 +510,17 @@ constexpr int64_t kMaxThreads = 8;
 
 int64_t scan_parts(int64_t n, int32_t dim) {
     if (n * dim < 2 * kThreadBytes) return 1;
-    // asked once: hardware_concurrency reads the CPU list from the system, microseconds a call
-    static const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-    return std::max<int64_t>(1, std::min({hw, kMaxThreads, n * dim / kThreadBytes}));
+    return std::max<int64_t>(1, std::min({hardware_threads(), kMaxThreads, n * dim / kThreadBytes}));
 }
 
-// part(p, begin, end) for every part p in [0, parts) of the rows [0, n), split in whole blocks in index order:
-// parts 1.. on threads of their own, part 0 (and any part no thread could be had for) on the caller's. One part
-// runs on the caller's thread alone.
+// part(p, begin, end) for every part p in [0, parts) of the rows [0, n), split in whole blocks in index order, over
+// threads as run_on_threads runs them.
 template <typename Part>
 void run_parts(int64_t n, int64_t parts, const Part &part) {
     const int64_t blocks = (n + kBlock - 1) / kBlock;
-    const auto one = [&](int64_t p) {
+    run_on_threads(parts, [&](int64_t p) {
         part(p, blocks * p / parts * kBlock, std::min(n, blocks * (p + 1) / parts * kBlock));
-    };
-    std::vector<std::thread> threads;
-    int64_t p = 1;
-    try {
-        for (; p < parts; ++p) threads.emplace_back(one, p);
-    } catch (const std::system_error &) {
-        // no thread to be had: the caller scans the rest
-    }
-    for (int64_t rest = p; rest < parts; ++rest) one(rest);
-    one(0);
-    for (auto &t : threads) t.join();
+    });
 }
 
 // The scores of rows [begin, end) (begin a multiple of kBlock) into out[begin..end).

@@ -203,24 +203,31 @@ def test_router_embeds_requests_in_numpy_with_the_same_decisions(forge_index, re
         assert abs(a.gate["margin"] - b.gate["margin"]) < 2e-3
 
 
+# Python source for a subprocess: the heavy modules it imported, as a JSON-ready list
+HEAVY = "sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules)"
+
+
+def _run_json(code: str, **env_overrides) -> dict:
+    """Run `code` in a fresh interpreter (NEXUS_QUERY_ENCODER as the test sets it) and read the JSON of its last
+    line of output."""
+    env = {k: v for k, v in os.environ.items() if k != "NEXUS_QUERY_ENCODER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**env, **env_overrides}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_one_shot_route_does_not_import_torch(forge_index):
     """The point of the NumPy encoder: a `nexus route` process never imports torch or sentence-transformers."""
     code = ("import json, sys\n"
             "from nexus_cli.routing.router import Router, RouterConfig\n"
             f"r = Router({str(forge_index)!r}, RouterConfig(reranker='none'))\n"
             "res = r.route('merge PR 12 in acme/api', with_args=False)\n"
-            "print(json.dumps({'tool': res.tool, 'heavy': sorted(m for m in ('torch', 'transformers', "
-            "'sentence_transformers') if m in sys.modules)}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "NEXUS_QUERY_ENCODER"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+            f"print(json.dumps({{'tool': res.tool, 'heavy': {HEAVY}}}))\n")
+    got = _run_json(code)
     assert got == {"tool": "merge_pull_request", "heavy": []}
     # and NEXUS_QUERY_ENCODER=torch still takes the sentence-transformers path
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         env={**env, "NEXUS_QUERY_ENCODER": "torch"}, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _run_json(code, NEXUS_QUERY_ENCODER="torch")
     assert got["tool"] == "merge_pull_request" and "torch" in got["heavy"]
 
 
@@ -232,12 +239,8 @@ def test_index_build_embeds_without_torch_with_the_same_decisions(tmp_path, forg
             "from nexus_cli.registry import load_registries\n"
             "from nexus_cli.routing.build import build_index\n"
             f"rep = build_index(load_registries([{str(FORGE)!r}]), {str(out)!r}, embedder_name={str(minilm_path)!r})\n"
-            "print(json.dumps({'tau': rep.tau, 'heavy': sorted(m for m in ('torch', 'transformers', "
-            "'sentence_transformers') if m in sys.modules)}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "NEXUS_QUERY_ENCODER"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+            f"print(json.dumps({{'tau': rep.tau, 'heavy': {HEAVY}}}))\n")
+    got = _run_json(code)
     assert got["heavy"] == []
     reference_tau = json.loads((forge_index / "manifest.json").read_text())["gate"]["tau"]
     assert abs(got["tau"] - reference_tau) < 2e-3  # probes embedded alike: the calibrated threshold hardly moves

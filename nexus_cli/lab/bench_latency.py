@@ -380,10 +380,17 @@ def _baseline_tree(ref: str, progress) -> tuple[Path, Path]:
     return tree, lib
 
 
-def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | None = None,
-             with_args: bool = False) -> tuple[float, dict]:
+def _side_env(tree: Path, lib: Path, site: Path | None) -> dict:
+    """The environment of a process of one side: its tree (and the packages installed for it alone) first on the
+    path, its own libnexus."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=os.pathsep.join(str(p) for p in (site, tree) if p), NEXUS_LIB=str(lib))
+    return env
+
+
+def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | None = None,
+             with_args: bool = False) -> tuple[float, dict]:
+    env = _side_env(tree, lib, site)
     # a user's `nexus route` runs with OpenMP's own wait policy unless they set one; the passive policy the
     # benchmarks' own process takes (lab/common.py) made the demo's argument decoding ~0.4 s slower
     if common.USER_OMP_WAIT_POLICY is None:
@@ -401,16 +408,24 @@ def _oneshot(tree: Path, lib: Path, index_dir: Path, query: str, site: Path | No
     return dt, json.loads(p.stdout)
 
 
-def _sides(index_dir: Path, baseline_ref: str | None, progress):
-    """(trees, sites, indexes, baseline packages) of the product and, with a baseline_ref, the baseline: each side's
-    tree and libnexus, the packages installed for it alone, and the index in the format its own code reads."""
+def _trees(baseline_ref: str | None, progress):
+    """(trees, sites, baseline packages) of the product and, with a baseline_ref, the baseline: each side's tree and
+    libnexus, and the packages installed for it alone."""
     trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
     sites: dict[str, Path | None] = {"product": None}
-    indexes = {"product": index_dir}
     baseline_packages: list[str] = []
     if baseline_ref:
         trees["baseline"] = _baseline_tree(baseline_ref, progress)
         sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
+    return trees, sites, baseline_packages
+
+
+def _sides(index_dir: Path, baseline_ref: str | None, progress):
+    """_trees, with each side's index in the format its own code reads: (trees, sites, indexes, baseline
+    packages)."""
+    trees, sites, baseline_packages = _trees(baseline_ref, progress)
+    indexes = {"product": index_dir}
+    if baseline_ref:
         fmt = _index_format_of(trees["baseline"][0])
         if fmt not in (2, 3, 4):
             raise UsageError(f"--baseline-ref {baseline_ref} writes index format {fmt}; this benchmark gives a "
@@ -503,12 +518,11 @@ def measure_demo(rounds: int, baseline_ref: str | None, progress) -> dict:
 def _index_once(tree: Path, lib: Path, site: Path | None, sources: list[Path], out: Path) -> tuple[float, dict]:
     """One `nexus index SOURCES --out OUT --no-shipped-examples --json` from a tree, a fresh process into an empty
     folder: (wall seconds, its report)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPATH=os.pathsep.join(str(p) for p in (site, tree) if p), NEXUS_LIB=str(lib))
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "nexus_cli.cli", "index", *map(str, sources), "--out", str(out),
-                        "--no-shipped-examples", "--json"], cwd=str(tree), env=env, capture_output=True, text=True)
+                        "--no-shipped-examples", "--json"], cwd=str(tree), env=_side_env(tree, lib, site),
+                       capture_output=True, text=True)
     dt = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     if p.returncode != 0:
@@ -526,12 +540,7 @@ def measure_index_build(sources: list[Path], rounds: int, baseline_ref: str | No
     missing = [str(f) for f in sources if not f.exists()]
     if missing:
         raise UsageError(f"the index registry is missing {missing[0]}")
-    trees = {"product": (REPO_ROOT, Path(os.environ.get("NEXUS_LIB") or REPO_ROOT / "build" / "libnexus.so"))}
-    sites: dict[str, Path | None] = {"product": None}
-    baseline_packages: list[str] = []
-    if baseline_ref:
-        trees["baseline"] = _baseline_tree(baseline_ref, progress)
-        sites["baseline"], baseline_packages = _baseline_packages(trees["baseline"][0], progress)
+    trees, sites, baseline_packages = _trees(baseline_ref, progress)
     out = WORKTREES / "index-build"
     for k, (tree, lib) in trees.items():
         _index_once(tree, lib, sites[k], sources, out)

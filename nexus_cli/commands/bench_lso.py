@@ -20,6 +20,7 @@ def command(
     model: Optional[str] = options.model("LLM of the reranker (default: the product's, qwen2.5-0.5b for likelihood, qwen2.5-1.5b for llm)."),
     synthesize: bool = typer.Option(False, "--synthesize/--no-synthesize", help="Index the part's tools with example requests the LLM writes for them (as `nexus index --synthesize`)."),
     synthesize_model: Optional[str] = typer.Option(None, "--synthesize-model", help="The LLM that writes them (default qwen2.5-1.5b)."),
+    finetune: bool = typer.Option(False, "--finetune/--no-finetune", help="Fine-tune the embedder on the part's example requests (with --synthesize, the written ones) as `nexus index --finetune` does, with its default recipe (minutes)."),
     lex_weight: Optional[float] = typer.Option(None, "--lex-weight", help="Build the part's index with this BM25 weight (default: `nexus index`'s, 0.2)."),
     history_weight: Optional[float] = typer.Option(None, "--history-weight", help="Share of the history-prefixed request in the scores of a request with a history (default: the router's)."),
     registry_dir: Optional[str] = options.registry_dir(),
@@ -37,7 +38,7 @@ def command(
     with stage_progress("routing-lso") as prog:
         doc = stage.run(part=part, queries=queries, reranker=reranker, rerank_k=rerank_k, model=model,
                         synthesize_model=(synthesize_model or SYNTHESIS_MODEL) if synthesize else None,
-                        lex_weight=lex_weight, history_weight=history_weight, registry_dir=registry_dir, warm=warm, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
+                        finetune=finetune, lex_weight=lex_weight, history_weight=history_weight, registry_dir=registry_dir, warm=warm, seed=seed, out_dir=out, quick=quick, progress=prog, **s)
     finish(doc, as_json, render)
 
 
@@ -45,7 +46,8 @@ def render(doc: dict, console) -> None:
     s, p = doc["summary"], doc["params"]
     console.print(f"routing on unseen servers · part {p['part']} · {p['servers']} servers, {p['tools']} tools · "
                   f"{s['n']} requests ({s['n_follow_up']} follow-ups) · embedder {p['embedder']} · reranker {p['reranker']}"
-                  + (f" · requests written by {p['synthesized']['model']}" if p.get("synthesized") else ""),
+                  + (f" · requests written by {p['synthesized']['model']}" if p.get("synthesized") else "")
+                  + (" · embedder fine-tuned on them" if p.get("finetune") else ""),
                   highlight=False)
     for key in ("top1", "top3", "top1_interchangeable", "top3_interchangeable", "follow_up_top1", "escalated"):
         iv = s[key]

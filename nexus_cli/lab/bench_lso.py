@@ -84,6 +84,7 @@ def run(
     rerank_k: int | None = None,
     model: str | None = None,
     synthesize_model: str | None = None,
+    finetune: bool = False,
     lex_weight: float | None = None,
     history_weight: float | None = None,
     registry_dir: str | None = None,
@@ -117,14 +118,17 @@ def run(
     emb = index_embedder(embedder)  # the part's index and its requests embedded as the product embeds them
     config = RouterConfig(reranker=reranker, rerank_k=rerank_k, rerank_model=model, prefix_store=False,
                           **({} if history_weight is None else {"history_weight": history_weight}))
-    router = Router(_index_for(tools, emb, synthesize=writer, lex_weight=lex_weight), config, embedder=emb)
+    ipath = _index_for(tools, emb, synthesize=writer, lex_weight=lex_weight, finetune=finetune)
+    # an index with its own fine-tuned embedder: the router loads it as `nexus route` does
+    router = Router(ipath, config, embedder=None if finetune else emb)
     synth_info = (router.index.manifest["recipe"].get("examples") or {}).get("synthesized")
     used = router.reranker_name  # what `auto` resolved to for this index
     params = dict(part=part, splits=os.path.relpath(SPLITS, REPO_ROOT), servers=len(servers), tools=len(tools),
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
                   reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
-                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info,
+                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info, finetune=finetune,
+                  finetuned=router.index.manifest.get("embedder", {}).get("finetuned") if finetune else None,
                   lex_weight=router.lex_weight, history_weight=config.history_weight, warm=warm)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":

@@ -43,7 +43,7 @@ from ..adapters.llama import LlamaContext, load_model
 from ..config import DEFAULT_EMBEDDER, DEFAULT_LEX_WEIGHT, DEFAULT_LLM, REPO_ROOT
 from ..errors import NexusError, UsageError
 from ..registry import load_example_requests, load_registries
-from ..routing.build import BUILD_REVISION, build_index, match_examples
+from ..routing.build import BUILD_REVISION, build_index, embedder_name_of, match_examples
 from ..routing.shipped_examples import with_shipped
 from ..routing.router import Router, RouterConfig
 from ..routing.scoring import dense_tool_scores
@@ -147,9 +147,11 @@ def _embedder_key(embedder) -> str:
                        "weights": stamp, "encoder": type(embedder).__name__})
 
 
-def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, lex_weight: float | None = None) -> Path:
+def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, lex_weight: float | None = None,
+               finetune: bool = False) -> Path:
     """A cached index of `tools`; `synthesize` (a synthesize.RequestWriter) builds it as `nexus index --synthesize`,
-    lex_weight as `nexus index --lex-weight` (None: its default)."""
+    lex_weight as `nexus index --lex-weight` (None: its default), finetune as `nexus index --finetune` (its default
+    recipe, from the embedder's model)."""
     parts = sorted(t.content_hash() for t in tools)
     parts.append(_embedder_key(embedder))  # a cached index is only as good as the model that embedded it
     if examples:  # the examples this registry uses are part of what the index is
@@ -158,11 +160,14 @@ def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, l
         parts.append(json.dumps(synthesize.write(tools)[0], ensure_ascii=False, sort_keys=True))
     if lex_weight is not None and lex_weight != DEFAULT_LEX_WEIGHT:  # the default's key stays what it was
         parts.append(f"lex_weight={float(lex_weight)!r}")
+    if finetune:
+        parts.append("finetune")
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
-        build_index(tools, path, embedder=embedder, examples=examples, synthesize=synthesize,
-                    lex_weight=DEFAULT_LEX_WEIGHT if lex_weight is None else float(lex_weight))
+        build_index(tools, path, embedder=None if finetune else embedder, examples=examples, synthesize=synthesize,
+                    lex_weight=DEFAULT_LEX_WEIGHT if lex_weight is None else float(lex_weight), finetune=finetune,
+                    **({"embedder_name": embedder_name_of(embedder)} if finetune else {}))  # its model, loaded to train
     return path
 
 

@@ -204,7 +204,7 @@ def calibrate_gate(tools: Sequence[Tool], doc_vecs: np.ndarray, slb: SLB, bm25: 
     }
 
 
-def _embedder_name(embedder) -> str:
+def embedder_name_of(embedder) -> str:
     """The name (or folder) that reloads `embedder`; the default embedder's name when none is given."""
     if embedder is None:
         return DEFAULT_EMBEDDER
@@ -231,7 +231,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
     Every tool is audited (audit.audit_tools): `quarantine` leaves out the tools with a quarantine finding; the index
     holds sanitized descriptions (audit.sanitize_tool) unless `sanitize` is off (measurement only)."""
     if embedder_name is None:
-        embedder_name = _embedder_name(embedder)
+        embedder_name = embedder_name_of(embedder)
     if not tools:
         raise FormatError("the registry holds no tools")
     findings = audit.audit_tools(tools)

@@ -62,31 +62,39 @@ def families(tools) -> dict[str, str]:
     return {s: find(s) for s in parent}
 
 
-def family_rows(rows: list[dict], family: dict[str, str]) -> list[dict]:
-    servers = {r["gold"].split("/", 1)[0] for r in rows}
+def _server(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def run_families(rows: list[dict], family: dict[str, str]) -> dict[str, set[str]]:
+    """Each family of the run's gold servers → those servers."""
     members: dict[str, set[str]] = {}
-    for s in servers:
+    for s in {_server(r["gold"]) for r in rows}:
         members.setdefault(family.get(s, s), set()).add(s)
+    return members
+
+
+def family_rows(rows: list[dict], family: dict[str, str]) -> list[dict]:
+    """The families with more than one of the run's gold servers: their requests, misses, and misses inside them."""
     out = []
-    for fam, ss in sorted(members.items()):
-        if len(ss) < 2:
+    for fam, servers in sorted(run_families(rows, family).items()):
+        if len(servers) < 2:
             continue
-        sel = [r for r in rows if family.get(r["gold"].split("/", 1)[0]) == fam]
-        miss = [r for r in sel if not r["top1"]]
-        out.append({"servers": sorted(ss), "requests": len(sel), "misses": len(miss),
-                    "misses_picking_the_family": sum(family.get(r["choice"].split("/", 1)[0]) == fam for r in miss)})
+        miss = [r for r in rows if _server(r["gold"]) in servers and not r["top1"]]
+        out.append({"servers": sorted(servers), "requests": sum(_server(r["gold"]) in servers for r in rows),
+                    "misses": len(miss),
+                    "misses_picking_the_family": sum(family.get(_server(r["choice"])) == fam for r in miss)})
     return out
 
 
 def outside(rows: list[dict], family: dict[str, str]) -> dict:
-    """Top-1 over the requests whose gold server is alone in its family among the run's gold servers."""
-    servers = {r["gold"].split("/", 1)[0] for r in rows}
-    size = collections.Counter(family.get(s, s) for s in servers)
-    sel = [r for r in rows if size[family.get(r["gold"].split("/", 1)[0], r["gold"].split("/", 1)[0])] == 1]
+    """Top-1 and top-3 over the requests whose gold server is alone in its family among the run's gold servers."""
+    alone = set().union(*(ss for ss in run_families(rows, family).values() if len(ss) == 1))
+    sel = [r for r in rows if _server(r["gold"]) in alone]
     return {"requests": len(sel), "top1": sum(bool(r["top1"]) for r in sel), "top3": sum(bool(r["top3"]) for r in sel)}
 
 
-def breakdown(doc: dict, family: dict[str, str] | None = None, top_servers: int = 8) -> dict:
+def breakdown(doc: dict, family: dict[str, str], path: str | None = None, top_servers: int = 8) -> dict:
     rows = doc["samples"]["queries"]
     misses = [r for r in rows if not r["top1"]]
     kinds = {}
@@ -96,17 +104,17 @@ def breakdown(doc: dict, family: dict[str, str] | None = None, top_servers: int 
                     "escalated": sum(bool(r["escalated"]) for r in sel),
                     "gold_in_top3": sum(bool(r["top3"]) for r in sel),
                     "follow_ups": sum(bool(r["follow_up"]) for r in sel)}
-    by_server = collections.Counter(r["gold"].split("/", 1)[0] for r in misses)
-    return {"file": doc.get("_path"), "params": {k: doc["params"].get(k) for k in ("part", "reranker", "embedder")},
+    by_server = collections.Counter(_server(r["gold"]) for r in misses)
+    return {"file": path, "params": {k: doc["params"].get(k) for k in ("part", "reranker", "embedder")},
             "n": len(rows), "misses": len(misses),
             "misses_escalated": sum(bool(r["escalated"]) for r in misses),
             "misses_gold_in_top3": sum(bool(r["top3"]) for r in misses),
             "kinds": kinds,
             "gold_servers_most_missed": [{"server": s, "misses": n,
-                                          "requests": sum(r["gold"].split("/", 1)[0] == s for r in rows)}
+                                          "requests": sum(_server(r["gold"]) == s for r in rows)}
                                          for s, n in by_server.most_common(top_servers)],
-            "multi_server_families": family_rows(rows, family or {}),
-            "outside_multi_server_families": outside(rows, family or {})}
+            "multi_server_families": family_rows(rows, family),
+            "outside_multi_server_families": outside(rows, family)}
 
 
 def render(b: dict) -> str:
@@ -139,8 +147,7 @@ def main() -> int:
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: {a.results}: not a routing-lso results file ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
-    doc["_path"] = str(a.results)
-    b = breakdown(doc, families(load_registries([a.registries])))
+    b = breakdown(doc, families(load_registries([a.registries])), path=str(a.results))
     print(render(b))
     if a.json:
         atomic_write_json(a.json, b)

@@ -47,7 +47,7 @@ def render(doc: dict, console) -> None:
     console.print(f"routing on unseen servers · part {p['part']} · {p['servers']} servers, {p['tools']} tools · "
                   f"{s['n']} requests ({s['n_follow_up']} follow-ups) · embedder {p['embedder']} · reranker {p['reranker']}"
                   + (f" · requests written by {p['synthesized']['model']}" if p.get("synthesized") else "")
-                  + (" · embedder fine-tuned on them" if p.get("finetune") else ""),
+                  + (" · embedder fine-tuned on them" if p.get("finetuned") else ""),
                   highlight=False)
     for key in ("top1", "top3", "top1_interchangeable", "top3_interchangeable", "follow_up_top1", "escalated"):
         iv = s[key]

@@ -127,8 +127,8 @@ def run(
                   queries=[os.path.relpath(f, REPO_ROOT) for f in files], n_queries=len(qs), embedder=embedder,
                   reranker=used, reranker_option=reranker, model=router.rerank_model,
                   rerank_k=router.rerank_k if used != "none" else None,
-                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info, finetune=finetune,
-                  finetuned=router.index.manifest.get("embedder", {}).get("finetuned") if finetune else None,
+                  max_queries=max_queries, quick=quick, examples=None, synthesized=synth_info,
+                  finetuned=router.index.manifest.get("embedder", {}).get("finetuned"),
                   lex_weight=router.lex_weight, history_weight=config.history_weight, warm=warm)
     models = {"embedder": model_identity(embedder, kind="embedder")}
     if used != "none":

@@ -165,9 +165,10 @@ def _index_for(tools, embedder, examples: dict | None = None, synthesize=None, l
     h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     path = CACHE / f"idx-{len(tools)}-{h}-r{BUILD_REVISION}"
     if not (path / "manifest.json").is_file():
-        build_index(tools, path, embedder=None if finetune else embedder, examples=examples, synthesize=synthesize,
-                    lex_weight=DEFAULT_LEX_WEIGHT if lex_weight is None else float(lex_weight), finetune=finetune,
-                    **({"embedder_name": embedder_name_of(embedder)} if finetune else {}))  # its model, loaded to train
+        # fine-tuning loads the embedder's model by name to train it, so it is given the name alone
+        build_index(tools, path, embedder=None if finetune else embedder, embedder_name=embedder_name_of(embedder),
+                    examples=examples, synthesize=synthesize, finetune=finetune,
+                    lex_weight=DEFAULT_LEX_WEIGHT if lex_weight is None else float(lex_weight))
     return path
 
 

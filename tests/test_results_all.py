@@ -26,7 +26,8 @@ def test_order_covers_every_suite():
     assert results_all.ORDER == ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args",
                                  "drafts", "card-splice", "serve", "poisoning",
                                  "deep-splice:smollm2-135m", "dkl:smollm2-135m", "gate:smollm2-135m",
-                                 "gate:qwen2.5-1.5b", "dkl:qwen2.5-1.5b", "deep-splice:qwen2.5-1.5b"]
+                                 "gate:qwen2.5-1.5b", "dkl:qwen2.5-1.5b", "deep-splice:qwen2.5-1.5b",
+                                 "card-splice:qwen2.5-1.5b"]
     from nexus_cli.lab import summary as results_summary
 
     base = {s.partition(":")[0] for s in results_all.ORDER}
@@ -136,3 +137,24 @@ def test_a_full_run_starts_each_suite_once_the_load_has_settled(tmp_path, monkey
     monkeypatch.setattr(results_all, "_load", lambda: 1.7)  # never settles: the suite starts after the longest wait
     assert results_all._settle("slb") == 1.7
     assert sum(slept) == results_all.SETTLE_MAX_S and "starts anyway" in capsys.readouterr().err
+
+
+def test_a_suite_on_another_model_runs_that_suite_with_the_model(tmp_path, monkeypatch):
+    """`card-splice:qwen2.5-1.5b` is the card-splice suite on the 1.5B as docs/arguments.md publishes it (one test
+    conversation per file and depth, the repair not written); `dkl:smollm2-135m` the sweep on SmolLM2."""
+    calls = []
+
+    def fake(name):
+        def run(**kw):
+            calls.append((name, kw))
+            return {}
+        return run
+
+    monkeypatch.setattr(results_all.bench_cards, "run", fake("card-splice"))
+    monkeypatch.setattr(results_all.sweep_dkl, "run", fake("dkl"))
+    results_all.run_suite("card-splice:qwen2.5-1.5b", tmp_path, quick=False)
+    results_all.run_suite("dkl:smollm2-135m", tmp_path, quick=False)
+    (n1, kw1), (n2, kw2) = calls
+    assert n1 == "card-splice" and kw1["model"] == "qwen2.5-1.5b" and kw1["test_cases"] == 1
+    assert not kw1.get("write_repair")
+    assert n2 == "dkl" and kw2["model"] == "smollm2-135m"

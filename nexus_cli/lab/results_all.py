@@ -5,8 +5,8 @@
 Full: the main model (qwen2.5-0.5b) with the paper's parameters, into results/, then the fidelity suites again on a
 second model family with the other RoPE type (SmolLM2-135M, NORM; `deep-splice:smollm2-135m`, ..., written as that
 suite's variant: results/<suite>/latest-smollm2-135m.json), and the gate and dkl sweeps and deep splice on the
-arguments model, Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`, `deep-splice:qwen2.5-1.5b`; `args` and
-`drafts` run on it by default). Quick: the CI smoke variant of each
+arguments model, Qwen2.5-Coder-1.5B (`gate:qwen2.5-1.5b`, `dkl:qwen2.5-1.5b`, `deep-splice:qwen2.5-1.5b`,
+`card-splice:qwen2.5-1.5b`; `args` and `drafts` run on it by default). Quick: the CI smoke variant of each
 suite (SmolLM2 where a model is needed, one depth, 1-3 trials, a few queries), into .nexus/results-quick/ so the
 committed results are never overwritten by a smoke run. A suite that fails is reported and the others still run; the
 exit status is 1 if any failed. Progress goes to stderr, the per-suite and total wall times to stdout (and to
@@ -57,8 +57,11 @@ from .results import environment, git_info, loadavg_1m, write_json_doc
 SLB_QUICK_REPS = 200  # the smoke variant of the scan's timing loop
 SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (NORM RoPE; Qwen2.5 is NEOX)
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
-LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity sweeps that have been measured on it
-LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl", "deep-splice")]
+LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity suites that have been measured on it
+LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl", "deep-splice", "card-splice")]
+# card-splice on the larger model as docs/arguments.md publishes it: one test conversation per file and depth (its
+# 67-minute default would double the suite), the shipped repair left as it is
+LARGER_CARD_SPLICE = dict(test_cases=1)
 ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "card-splice",
          "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]
@@ -84,7 +87,9 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
     bar, prog = _progress(suite)
     suite, _, model = suite.partition(":")  # "deep-splice:smollm2-135m": the suite on that model
     with bar:
-        if model:
+        if model == LARGER_MODEL and suite == "card-splice":
+            doc = bench_cards.run(out_dir=str(out), quick=quick, progress=prog, model=model, **LARGER_CARD_SPLICE)
+        elif model:
             module = {"deep-splice": bench_deep_splice, "dkl": sweep_dkl, "gate": sweep_gate}[suite]
             doc = module.run(out_dir=str(out), quick=quick, progress=prog, model=model)
         elif suite == "slb":

@@ -424,6 +424,57 @@ NEXUS_AVX512_TARGET int64_t next_above_avx512(const float *s, int64_t from, int6
 }
 #endif
 
+#if defined(__x86_64__)
+constexpr int32_t kLaneK = 16;  // up to this k a block's rows are first filtered by its 16 lane maxima
+
+// One block's rows s[0..m) (row base + j) into the top-k as topk_small's insertion takes them (k <= kLaneK), without
+// visiting the rows that cannot enter. Lane l's maximum over the block is one row, a different row for each lane,
+// so the k-th largest of the 16 lane maxima is at most the block's k-th largest score: a row below it has k rows
+// of this block strictly above it and is never among the k best. The rows at or above it (about k to 2k of 256 for
+// spread scores) are inserted in index order, so the answer is the row-by-row insertion's, ties and NaN included;
+// the row-by-row loop spent most of a 250-row scan's selection on mispredicted branches.
+// 16 keys from s[j..m) (NaN and the lanes past m as -inf).
+NEXUS_AVX512_TARGET inline __m512 keys16(const float *s, int64_t j, int64_t m) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __mmask16 in = m - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (m - j)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(ninf, in, s + j);
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), ninf);
+}
+
+NEXUS_AVX512_TARGET void select_block_avx512(const float *s, int64_t m, int64_t base, int32_t k, Hit *top,
+                                             int32_t &cnt) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 lanes = ninf;
+    for (int64_t j = 0; j < m; j += 16) lanes = _mm512_max_ps(lanes, keys16(s, j, m));
+    // The k-th largest lane maximum: the least of the lanes that fewer than k lanes exceed. Each lane's count of
+    // greater lanes comes from the 15 rotations of the vector, independent steps rather than k dependent reductions.
+    __m512i above = _mm512_setzero_si512();
+    const __m512i one = _mm512_set1_epi32(1), lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                                                      1, 0);
+    for (int32_t r = 1; r < 16; ++r) {
+        const __m512 other = _mm512_permutexvar_ps(_mm512_and_si512(_mm512_add_epi32(lane, _mm512_set1_epi32(r)),
+                                                                    _mm512_set1_epi32(15)), lanes);
+        above = _mm512_mask_add_epi32(above, _mm512_cmp_ps_mask(other, lanes, _CMP_GT_OQ), above, one);
+    }
+    const __mmask16 in_top = _mm512_cmplt_epi32_mask(above, _mm512_set1_epi32(k));
+    const float thr = _mm512_mask_reduce_min_ps(in_top, lanes);
+    for (int64_t j = 0; j < m; j += 16) {
+        const __m512 keys = keys16(s, j, m);
+        const float floor_key = cnt == k ? top[k - 1].key : -INFINITY;
+        const uint32_t rows_here = m - j >= 16 ? 0xFFFFu : (1u << (m - j)) - 1u;  // a -inf threshold takes padding
+        uint32_t pick = _mm512_cmp_ps_mask(keys, _mm512_set1_ps(thr), _CMP_GE_OQ) & rows_here;
+        if (cnt == k) pick &= _mm512_cmp_ps_mask(keys, _mm512_set1_ps(floor_key), _CMP_GT_OQ);
+        while (pick) {
+            const int32_t l = __builtin_ctz(pick);
+            pick &= pick - 1;
+            const int64_t r = j + l;
+            const float key = std::isnan(s[r]) ? -INFINITY : s[r];
+            if (cnt < k || key > top[k - 1].key) insert_sorted(top, cnt, k, Hit{key, s[r], base + r});
+        }
+    }
+}
+#endif
+
 void score_block(const int32_t *dots, const float *scales, float qs, int64_t m, float *out, int32_t level) {
 #if defined(__x86_64__)
     if (level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI) return score_avx512(dots, scales, qs, m, out);
@@ -458,13 +509,33 @@ struct Query {
     int32_t corr;
 };
 
+// The sum of a query's bytes, from its words (zero-padded). Panels exist only on a VNNI CPU, so vpdpbusd (unsigned
+// ones times the signed bytes) adds them, 64 bytes a step.
+#if defined(__x86_64__)
+NEXUS_VNNI_TARGET int32_t sum_padded_query(const int32_t *words, int32_t n_words) {
+    __m512i acc = _mm512_setzero_si512();
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int32_t w = 0; w < n_words; w += 16) {
+        const __mmask16 in = n_words - w >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_words - w)) - 1u);
+        acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi32(in, words + w));
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+#else
+int32_t sum_padded_query(const int32_t *words, int32_t n_words) {
+    int32_t sum = 0;
+    const int8_t *b = reinterpret_cast<const int8_t *>(words);
+    for (int32_t j = 0; j < 4 * n_words; ++j) sum += b[j];
+    return sum;
+}
+#endif
+
 Query make_query(const Rows &rows, const int8_t *q, std::vector<int32_t> &words) {
     Query out{q, nullptr, 0};
     if (rows.panels) {
         words.assign(static_cast<size_t>((rows.dim + 3) / 4), 0);
         std::memcpy(words.data(), q, static_cast<size_t>(rows.dim));
-        int32_t sum = 0;
-        for (int32_t j = 0; j < rows.dim; ++j) sum += q[j];
+        const int32_t sum = sum_padded_query(words.data(), static_cast<int32_t>(words.size()));
         out.q4 = words.data();
         out.corr = 128 * sum;  // |sum| <= 127 * kMaxDim, so 128 * sum fits in int32
     }
@@ -490,6 +561,14 @@ void topk_small(const Rows &rows, const Query &query, int64_t begin, int64_t end
         const int64_t m = std::min<int64_t>(kBlock, end - b);
         rows_dots(rows, query, b, m, dots, level);
         score_block(dots, rows.scales ? rows.scales + b : nullptr, query_scale, m, scores, level);
+#if defined(__x86_64__)
+        // the lane filter pays where the row-by-row loop inserts often: while the top-k is still filling (the first
+        // block); after it, that loop's vector search for the next higher score skips most blocks whole
+        if (cnt < k && k <= kLaneK && (level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI)) {
+            select_block_avx512(scores, m, b, k, top, cnt);
+            continue;
+        }
+#endif
         int64_t j = 0;
         // filling: every row goes in (NaN as -inf)
         for (; j < m && cnt < k; ++j)

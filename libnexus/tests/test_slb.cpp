@@ -127,6 +127,43 @@ int main() {
         CHECK_ERR(nexus_slb_topk_timed(db.data(), nullptr, n, dim, q.data(), 1.0f, 1, 0, 0, ns.data()),
                   NEXUS_ERR_INVALID, "n_reps must be >= 1");
     }
+    // top-k where a block's selection first filters rows by its 16 lane maxima: few distinct scores (ties inside and
+    // across lanes), NaN scores (a NaN scale) ranked as -inf, blocks shorter than 16 rows, k around the 16 lanes
+    {
+        const int dim = 8;
+        for (int64_t n : {1, 4, 5, 15, 16, 17, 31, 250, 256, 257, 600}) {
+            std::vector<int8_t> db(n * dim);
+            std::vector<float> scales(n);
+            for (int64_t i = 0; i < n; ++i) {
+                for (int j = 0; j < dim; ++j) db[i * dim + j] = static_cast<int8_t>((i * 7 % 3) + j % 2);  // 3 rows
+                scales[i] = i % 11 == 4 ? NAN : 1.0f;
+            }
+            std::vector<int8_t> q(dim, 1);
+            const auto dots = ref_dots(db, n, dim, q.data());
+            std::vector<float> key(n);
+            for (int64_t i = 0; i < n; ++i) {
+                const float sc = static_cast<float>(dots[i]) * scales[i] * 0.5f;
+                key[i] = std::isnan(sc) ? -INFINITY : sc;
+            }
+            std::vector<int64_t> order(n);
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] > key[b]; });
+            for (int32_t k : {1, 5, 15, 16, 17}) {
+                for (int32_t level : levels) {
+                    CHECK_OK(nexus_simd_set_level(level));
+                    std::vector<int64_t> idx(k, -1);
+                    std::vector<float> sc(k);
+                    int32_t got = -1;
+                    CHECK_OK(nexus_slb_topk(db.data(), scales.data(), n, dim, q.data(), 0.5f, k, idx.data(), sc.data(),
+                                            &got));
+                    bool same = got == std::min<int64_t>(k, n);
+                    for (int32_t r = 0; same && r < got; ++r) same = idx[r] == order[r];
+                    if (!same) std::fprintf(stderr, "lane filter: level %d n %lld k %d\n", level, (long long)n, k);
+                    CHECK(same);
+                }
+            }
+        }
+    }
     // per-tool scores: each tool's best row, raised to the floor_k-th best row score (or base), on every level
     {
         const int64_t n = 700;

@@ -91,6 +91,19 @@ def test_placeholders_and_empty_values_are_guesses_even_with_a_word_of_the_reque
                           "diff /srv/example against main, fetch https://example.com") == []
 
 
+def test_a_pointer_word_is_no_value():
+    """"close issue 3 there": "there" points at a repository the request never names, so an owner "there" is a
+    guess; a value with a word of its own beside a pointer word is traced by that word."""
+    spec = spec_of({"owner": {"type": "string"}, "repo": {"type": "string"}, "issue_number": {"type": "integer"}},
+                   ["owner", "repo", "issue_number"])
+    assert guessed_values({"owner": "there", "repo": "api", "issue_number": 3}, spec, "close issue 3 there") == \
+        ["owner", "repo"]
+    assert guessed_values({"owner": "them", "repo": "those", "issue_number": 3}, spec, "close issue 3 for them, "
+                          "in one of those") == ["owner", "repo"]
+    place = spec_of({"destination": {"type": "string"}}, ["destination"])
+    assert guessed_values({"destination": "Here Park"}, place, "directions to Here Park") == []
+
+
 def test_words_of_scripts_written_without_spaces_are_traced_as_written():
     spec = spec_of({"names": {"type": "string"}}, ["names"])
     assert guessed_values({"names": "杭州东|南京南"}, spec, "杭州东和南京南的车站代码") == []

@@ -8,7 +8,7 @@ user never said. `guessed_values` names those fields so the caller can ask inste
 A value is a guess when the request and the history window the prompt showed hold no trace of it: no word of a
 string (its stop words aside) is written there, or begins or extends one written there, or shares a stem with one;
 no number written there equals a number (nor a number word, an ordinal, another unit of the field, a date in words).
-A string of stop words alone ("it"), an empty one, or one with a placeholder's word the request does not write
+A string of stop words alone ("it", "there"), an empty one, or one with a placeholder's word the request does not write
 (`your-repo-path`, `https://example.com`) is a guess too.
 Flags and enum members are choices among the schema's own values, and a value equal to the field's declared default
 is the schema's; neither is reported. A value can be traced and still wrong (the wrong branch of two the request
@@ -23,8 +23,10 @@ from typing import Any
 from ..schema import ToolSpec
 from .repairs import _NUMBER_WORDS, _members, _related, norm_text, normalized_backed, unit_backed
 
-# words that trace nothing: a value "the main branch" is not traced by "the"
-_STOP = frozenset("a an the of to for in on at by and or my your our their me us you it this that with from".split())
+# words that trace nothing: a value "the main branch" is not traced by "the"; and the words that point at a thing
+# named elsewhere ("close issue 3 there": an owner "there" names no owner)
+_STOP = frozenset("""a an the of to for in on at by and or my your our their me us you it this that with from here there
+these those them they""".split())
 
 # words a model writes where it has no value (`your_username`, `https://example.com`, `<placeholder>`): a value with
 # one of them is a guess whatever else it holds ("your-repo-path" has the request's "repo" in it), unless the request

@@ -8,8 +8,7 @@ user never said. `guessed_values` names those fields so the caller can ask inste
 A value is a guess when the request and the history window the prompt showed hold no trace of it: no word of a
 string (its stop words aside) is written there, or begins or extends one written there, or shares a stem with one;
 no number written there equals a number (nor a number word, an ordinal, another unit of the field, a date in words).
-A string of stop words alone ("it", "there") or of its field's own name words (`that_repo_owner` for `owner`,
-`repo` for `repo`: "repo" written in the request says what kind of value it is, not which), an empty one, or one with a placeholder's word the request does not write
+A string of stop words alone ("it", "there"), an empty one, or one with a placeholder's word the request does not write
 (`your-repo-path`, `https://example.com`) is a guess too.
 Flags and enum members are choices among the schema's own values, and a value equal to the field's declared default
 is the schema's; neither is reported. A value can be traced and still wrong (the wrong branch of two the request
@@ -22,7 +21,7 @@ import re
 from typing import Any
 
 from ..schema import ToolSpec
-from .repairs import _NUMBER_WORDS, _members, _related, field_words, norm_text, normalized_backed, unit_backed
+from .repairs import _NUMBER_WORDS, _members, _related, norm_text, normalized_backed, unit_backed
 
 # words that trace nothing: a value "the main branch" is not traced by "the"; and the words that point at a thing
 # named elsewhere ("close issue 3 there": an owner "there" names no owner)
@@ -95,9 +94,7 @@ def _traced(value: Any, schema: Any, ctx: _Context, name: str) -> bool:
         tokens = _WORD.findall(norm_text(value))
         if any(t in _PLACEHOLDER and t not in ctx.words for t in tokens):
             return False
-        # the field's own name words trace nothing either: `that_repo_owner` for owner, "in that repo" written
-        own = set(field_words(name or ""))
-        words = [w for w in tokens if w not in _STOP and w not in own]
+        words = [w for w in tokens if w not in _STOP]
         if not words:
             return False  # no value at all: an empty string, punctuation, "it"
         return any(ctx.traces_word(w) for w in words) or normalized_backed(value, schema, ctx.text)

@@ -21,7 +21,8 @@ LSO_ONLY = {"routing_heldout_servers.jsonl", "routing_dev_servers.jsonl", "routi
             "routing_test_history.jsonl", "routing_test_followups.jsonl"}
 # The requests that leave required values out are never routed: benchmarks/args_eval.py gives them their gold tool
 # and benchmarks/guessed_values.py scores the values it names, so an example like one of them reaches no measurement.
-GOLD_TOOL_ONLY = {"args_unstated.jsonl", "args_unstated_b.jsonl", "args_unstated_c.jsonl"}
+GOLD_TOOL_ONLY = {"args_unstated.jsonl", "args_unstated_b.jsonl", "args_unstated_c.jsonl", "args_unstated_d.jsonl",
+                  "args_unstated_e.jsonl"}
 HELD_OUT = sorted(p for p in (REPO / "benchmarks" / "queries").glob("*.jsonl")
                   if p.name not in LSO_ONLY | GOLD_TOOL_ONLY)
 NEAR_COPY = 0.5  # Jaccard index of the word sets at which a request counts as a copy of a held-out query

@@ -427,20 +427,24 @@ NEXUS_AVX512_TARGET int64_t next_above_avx512(const float *s, int64_t from, int6
 #if defined(__x86_64__)
 constexpr int32_t kLaneK = 16;  // up to this k a block's rows are first filtered by its 16 lane maxima
 
+// The lanes of a 16-wide step at j that fall before n.
+inline __mmask16 lanes_before(int64_t j, int64_t n) {
+    return n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1u);
+}
+
+// 16 keys from s[j..m) (NaN and the lanes past m as -inf).
+NEXUS_AVX512_TARGET inline __m512 keys16(const float *s, int64_t j, int64_t m) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 v = _mm512_mask_loadu_ps(ninf, lanes_before(j, m), s + j);
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), ninf);
+}
+
 // One block's rows s[0..m) (row base + j) into the top-k as topk_small's insertion takes them (k <= kLaneK), without
 // visiting the rows that cannot enter. Lane l's maximum over the block is one row, a different row for each lane,
 // so the k-th largest of the 16 lane maxima is at most the block's k-th largest score: a row below it has k rows
 // of this block strictly above it and is never among the k best. The rows at or above it (about k to 2k of 256 for
 // spread scores) are inserted in index order, so the answer is the row-by-row insertion's, ties and NaN included;
 // the row-by-row loop spent most of a 250-row scan's selection on mispredicted branches.
-// 16 keys from s[j..m) (NaN and the lanes past m as -inf).
-NEXUS_AVX512_TARGET inline __m512 keys16(const float *s, int64_t j, int64_t m) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    const __mmask16 in = m - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (m - j)) - 1u);
-    const __m512 v = _mm512_mask_loadu_ps(ninf, in, s + j);
-    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), ninf);
-}
-
 NEXUS_AVX512_TARGET void select_block_avx512(const float *s, int64_t m, int64_t base, int32_t k, Hit *top,
                                              int32_t &cnt) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
@@ -460,10 +464,9 @@ NEXUS_AVX512_TARGET void select_block_avx512(const float *s, int64_t m, int64_t 
     const float thr = _mm512_mask_reduce_min_ps(in_top, lanes);
     for (int64_t j = 0; j < m; j += 16) {
         const __m512 keys = keys16(s, j, m);
-        const float floor_key = cnt == k ? top[k - 1].key : -INFINITY;
-        const uint32_t rows_here = m - j >= 16 ? 0xFFFFu : (1u << (m - j)) - 1u;  // a -inf threshold takes padding
-        uint32_t pick = _mm512_cmp_ps_mask(keys, _mm512_set1_ps(thr), _CMP_GE_OQ) & rows_here;
-        if (cnt == k) pick &= _mm512_cmp_ps_mask(keys, _mm512_set1_ps(floor_key), _CMP_GT_OQ);
+        // masked to the block's rows: a -inf threshold would take the padding lanes too
+        uint32_t pick = _mm512_mask_cmp_ps_mask(lanes_before(j, m), keys, _mm512_set1_ps(thr), _CMP_GE_OQ);
+        if (cnt == k) pick &= _mm512_cmp_ps_mask(keys, _mm512_set1_ps(top[k - 1].key), _CMP_GT_OQ);
         while (pick) {
             const int32_t l = __builtin_ctz(pick);
             pick &= pick - 1;
@@ -515,10 +518,8 @@ struct Query {
 NEXUS_VNNI_TARGET int32_t sum_padded_query(const int32_t *words, int32_t n_words) {
     __m512i acc = _mm512_setzero_si512();
     const __m512i ones = _mm512_set1_epi8(1);
-    for (int32_t w = 0; w < n_words; w += 16) {
-        const __mmask16 in = n_words - w >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_words - w)) - 1u);
-        acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi32(in, words + w));
-    }
+    for (int32_t w = 0; w < n_words; w += 16)
+        acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi32(lanes_before(w, n_words), words + w));
     return _mm512_reduce_add_epi32(acc);
 }
 #else

@@ -59,9 +59,11 @@ SECOND_FAMILY = "smollm2-135m"  # the fidelity suites on a second model family (
 SECOND_FAMILY_SUITES = [f"{s}:{SECOND_FAMILY}" for s in ("deep-splice", "dkl", "gate")]
 LARGER_MODEL = "qwen2.5-1.5b"  # the arguments model: the fidelity suites that have been measured on it
 LARGER_MODEL_SUITES = [f"{s}:{LARGER_MODEL}" for s in ("gate", "dkl", "deep-splice", "card-splice")]
-# card-splice on the larger model as docs/arguments.md publishes it: one test conversation per file and depth (its
-# 67-minute default would double the suite), the shipped repair left as it is
-LARGER_CARD_SPLICE = dict(test_cases=1)
+# the suites a "suite:model" entry runs, with their settings on another model: card-splice as docs/arguments.md
+# publishes it on the 1.5B, one test conversation per file and depth (its default would double the suite's time),
+# the shipped repair left as it is
+MODEL_SUITES = {"deep-splice": (bench_deep_splice, {}), "dkl": (sweep_dkl, {}), "gate": (sweep_gate, {}),
+                "card-splice": (bench_cards, {"test_cases": 1})}
 ORDER = ["slb", "latency", "l0", "deep-splice", "dkl", "gate", "routing", "routing-lso", "args", "drafts", "card-splice",
          "serve", "poisoning", *SECOND_FAMILY_SUITES,
          *LARGER_MODEL_SUITES]
@@ -87,11 +89,9 @@ def run_suite(suite: str, out: Path, quick: bool) -> dict:
     bar, prog = _progress(suite)
     suite, _, model = suite.partition(":")  # "deep-splice:smollm2-135m": the suite on that model
     with bar:
-        if model == LARGER_MODEL and suite == "card-splice":
-            doc = bench_cards.run(out_dir=str(out), quick=quick, progress=prog, model=model, **LARGER_CARD_SPLICE)
-        elif model:
-            module = {"deep-splice": bench_deep_splice, "dkl": sweep_dkl, "gate": sweep_gate}[suite]
-            doc = module.run(out_dir=str(out), quick=quick, progress=prog, model=model)
+        if model:
+            module, settings = MODEL_SUITES[suite]
+            doc = module.run(out_dir=str(out), quick=quick, progress=prog, model=model, **settings)
         elif suite == "slb":
             doc = bench_slb.run(out_dir=str(out), reps=SLB_QUICK_REPS if quick else bench_slb.DEFAULT_REPS)
         elif suite == "latency":

@@ -773,14 +773,21 @@ inline float from_order_key(uint32_t k) {
 }
 
 // Keeps the keys of keys[0..m) that are at or above v (above: true) or below it, in order, at the front of keys;
-// returns how many. In place: the write position never passes the read position.
-int64_t keep_scalar(uint32_t *keys, int64_t m, uint32_t v, bool above) {
+// returns how many, and folds the kept keys into *lo and *hi (their least and greatest). In place: the write
+// position never passes the read position.
+int64_t keep_scalar(uint32_t *keys, int64_t m, uint32_t v, bool above, uint32_t *lo, uint32_t *hi) {
     int64_t w = 0;
+    uint32_t l = *lo, h = *hi;
     for (int64_t i = 0; i < m; ++i) {
         const uint32_t x = keys[i];
+        const bool kept = (x >= v) == above;
         keys[w] = x;
-        w += (x >= v) == above;  // no branch: a key that is not kept is overwritten by the next one
+        w += kept;  // no branch: a key that is not kept is overwritten by the next one
+        l = std::min(l, kept ? x : UINT32_MAX);
+        h = std::max(h, kept ? x : 0u);
     }
+    *lo = l;
+    *hi = h;
     return w;
 }
 
@@ -829,8 +836,10 @@ NEXUS_AVX512_TARGET int64_t to_order_keys_avx512(float *all, int64_t n, uint32_t
 
 // keep_scalar sixteen keys at a time: the kept lanes compressed into a register and stored whole (a compressing
 // store to memory is slow on some cores); the store's extra lanes fall on keys already read.
-NEXUS_AVX512_TARGET int64_t keep_avx512(uint32_t *keys, int64_t m, uint32_t v, bool above) {
+NEXUS_AVX512_TARGET int64_t keep_avx512(uint32_t *keys, int64_t m, uint32_t v, bool above, uint32_t *lo,
+                                        uint32_t *hi) {
     const __m512i t = _mm512_set1_epi32(static_cast<int32_t>(v));
+    __m512i vlo = _mm512_set1_epi32(-1), vhi = _mm512_setzero_si512();
     int64_t w = 0, i = 0;
     for (; i + 16 <= m; i += 16) {
         const __m512i x = _mm512_loadu_si512(keys + i);
@@ -838,20 +847,29 @@ NEXUS_AVX512_TARGET int64_t keep_avx512(uint32_t *keys, int64_t m, uint32_t v, b
         const __mmask16 keep = above ? ge : static_cast<__mmask16>(~ge);
         _mm512_storeu_si512(keys + w, _mm512_maskz_compress_epi32(keep, x));
         w += __builtin_popcount(keep);
+        vlo = _mm512_mask_min_epu32(vlo, keep, vlo, x);
+        vhi = _mm512_mask_max_epu32(vhi, keep, vhi, x);
     }
+    uint32_t l = std::min(*lo, static_cast<uint32_t>(_mm512_reduce_min_epu32(vlo)));
+    uint32_t h = std::max(*hi, static_cast<uint32_t>(_mm512_reduce_max_epu32(vhi)));
     for (; i < m; ++i) {
         const uint32_t x = keys[i];
+        const bool kept = (x >= v) == above;
         keys[w] = x;
-        w += (x >= v) == above;
+        w += kept;
+        l = std::min(l, kept ? x : UINT32_MAX);
+        h = std::max(h, kept ? x : 0u);
     }
+    *lo = l;
+    *hi = h;
     return w;
 }
 #endif
 
 // The k-th largest of n floats (1 <= k <= n; NaN counts as -inf), as a radix selection on the floats' order keys:
-// the answer's key is built bit by bit from the top, and after each bit only the keys that still share the answer's
-// bits are kept (compacted in place), so each pass reads fewer keys (about half as many, for scores spread over
-// their range) and the selection stops when one key is left or the wanted rank is the first or last of those left.
+// each pass splits the keys left at the highest bit where their least and greatest differ, keeps the side that holds
+// the answer (compacted in place, with its least and greatest), and the selection stops when the wanted rank is the
+// first or last of those left. Each pass reads fewer keys (about half as many, for scores spread over their range).
 // Passes are counts and compactions without data-dependent branches. `all` is overwritten.
 float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
     uint32_t *keys = reinterpret_cast<uint32_t *>(all);
@@ -870,48 +888,79 @@ float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
         lo = std::min(lo, keys[i]);
         hi = std::max(hi, keys[i]);
     }
-    // invariant: the answer is the k-th largest of keys[0..m), every one of which has the answer's bits above `bit`
+    // invariant: the answer is the k-th largest of keys[0..m), whose least and greatest are lo and hi
     int64_t m = n;
-    int bit = lo == hi ? -1 : 31 - __builtin_clz(lo ^ hi);
-    uint32_t ans = bit < 0 ? lo : (bit == 31 ? 0u : hi & ~(UINT32_MAX >> (31 - bit)));
-    for (; bit >= 0; --bit) {
-        if (k == 1 || k == m) {  // the largest or the smallest of those left
-            uint32_t best = k == 1 ? 0u : UINT32_MAX;
-            for (int64_t i = 0; i < m; ++i) best = k == 1 ? std::max(best, keys[i]) : std::min(best, keys[i]);
-            return from_order_key(best);
-        }
-        const uint32_t cand = ans | (1u << bit);
+    for (;;) {
+        if (k == 1) return from_order_key(hi);
+        if (k == m || lo == hi) return from_order_key(lo);
+        // the highest bit where lo and hi differ splits the keys left (lo < cand <= hi), so no pass is wasted on a
+        // bit they all share
+        const int bit = 31 - __builtin_clz(lo ^ hi);
+        const uint32_t cand = (hi >> bit) << bit;
 #if defined(__x86_64__)
         const int64_t c = wide ? count_at_least_avx512(keys, m, cand) : count_at_least_scalar(keys, m, cand);
 #else
         const int64_t c = count_at_least_scalar(keys, m, cand);
 #endif
         const bool above = c >= k;
-        if (above) {
-            ans = cand;
-        } else {
-            k -= c;
-        }
-        if (above ? c == m : c == 0) continue;  // every key left is on that side: nothing to drop
+        if (!above) k -= c;
+        lo = UINT32_MAX;
+        hi = 0;
 #if defined(__x86_64__)
-        m = wide ? keep_avx512(keys, m, cand, above) : keep_scalar(keys, m, cand, above);
+        m = wide ? keep_avx512(keys, m, cand, above, &lo, &hi) : keep_scalar(keys, m, cand, above, &lo, &hi);
 #else
-        m = keep_scalar(keys, m, cand, above);
+        m = keep_scalar(keys, m, cand, above, &lo, &hi);
 #endif
     }
-    return from_order_key(ans);
 }
+
+#if defined(__x86_64__)
+// Sixteen int64 offsets (the lanes of k) as int32 lanes.
+NEXUS_AVX512_TARGET inline __m512i offsets16(const int64_t *p, __mmask16 k) {
+    const __m256i lo = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64(static_cast<__mmask8>(k), p));
+    const __m256i hi = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64(static_cast<__mmask8>(k >> 8), p + 8));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Each tool's best row score, as the scalar loop in reduce_tools finds it (max is exact; a NaN never wins; a tool
+// with no row gets -inf), for sixteen tools at once: step j gathers each tool's j-th row. The scalar loop's exit,
+// one per tool at a length that varies from tool to tool, mispredicts; here one exit per sixteen tools does.
+// Row indices are int32 lanes: the caller keeps n below 2^31.
+NEXUS_AVX512_TARGET void tool_maxima_avx512(const float *all, const int64_t *offsets, int64_t n_tools, float *out) {
+    const __m512 none = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n_tools; t += 16) {
+        const int64_t m = std::min<int64_t>(16, n_tools - t);
+        const __mmask16 lanes = static_cast<__mmask16>((uint32_t{1} << m) - 1);
+        const __m512i start = offsets16(offsets + t, lanes);
+        const __m512i len = _mm512_sub_epi32(offsets16(offsets + t + 1, lanes), start);
+        const int32_t longest = _mm512_mask_reduce_max_epi32(lanes, len);
+        __m512 best = none;
+        __m512i idx = start;
+        for (int32_t j = 0; j < longest; ++j, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(1))) {
+            const __mmask16 in = _mm512_mask_cmpgt_epi32_mask(lanes, len, _mm512_set1_epi32(j));
+            const __m512 v = _mm512_mask_i32gather_ps(none, in, idx, all, 4);
+            best = _mm512_mask_max_ps(best, _mm512_mask_cmp_ps_mask(in, v, v, _CMP_ORD_Q), v, best);
+        }
+        _mm512_mask_storeu_ps(out + t, lanes, best);
+    }
+}
+#endif
 
 // Each tool's best row score raised to the floor (see nexus_slb_tool_scores), from every row's score; all[0..n) is
 // the caller's scratch (overwritten).
 void reduce_tools(float *all, int64_t n, const int64_t *offsets, int64_t n_tools, int32_t floor_k, float base,
                   float *out, int32_t level) {
-    for (int64_t t = 0; t < n_tools; ++t) {
-        float best = -INFINITY;
-        for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
-            best = best < all[r] ? all[r] : best;  // an ordered compare: a NaN score never wins; no branch
-        out[t] = best;
-    }
+#if defined(__x86_64__)
+    if ((level == NEXUS_SIMD_AVX512 || level == NEXUS_SIMD_AVX512_VNNI) && n <= INT32_MAX) {
+        tool_maxima_avx512(all, offsets, n_tools, out);
+    } else
+#endif
+        for (int64_t t = 0; t < n_tools; ++t) {
+            float best = -INFINITY;
+            for (int64_t r = offsets[t]; r < offsets[t + 1]; ++r)
+                best = best < all[r] ? all[r] : best;  // an ordered compare: a NaN score never wins; no branch
+            out[t] = best;
+        }
     float lowest = base;
     if (floor_k > 0 && floor_k < n) {
         // the floor_k-th best row score: a tool with no row among the floor_k best is only known to be below it

@@ -176,8 +176,11 @@ int main() {
         float qs = 0;
         CHECK_OK(nexus_quantize_i8(x.data(), n, dim, db.data(), scales.data()));
         CHECK_OK(nexus_quantize_i8(qf.data(), 1, dim, q.data(), &qs));
-        std::vector<int64_t> offsets(n_tools + 1, 0);  // tool t owns rows [offsets[t], offsets[t+1]); tool 3 none
-        for (int32_t t = 1; t <= n_tools; ++t) offsets[t] = t == 4 ? offsets[3] : std::min<int64_t>(n, t * 8);
+        // tool t owns rows [offsets[t], offsets[t+1]): lengths that vary from tool to tool, none, one, and more than
+        // a vector's 16 or 32 lanes among them; the tools past the last row own none, the last one the rest
+        const int64_t lengths[] = {8, 1, 17, 40, 3, 0, 33, 16, 5, 2};
+        std::vector<int64_t> offsets(n_tools + 1, 0);
+        for (int32_t t = 1; t <= n_tools; ++t) offsets[t] = std::min<int64_t>(n, offsets[t - 1] + lengths[(t - 1) % 10]);
         offsets[n_tools] = n;
         const auto dots = ref_dots(db, n, dim, q.data());
         std::vector<float> score(n);

@@ -55,6 +55,11 @@ def _kill_at(args: list[str], delay: float) -> bool:
         return True
 
 
+def _kill_delay(rng: random.Random, run_s: float) -> float:
+    """A kill time within an unkilled run of run_s seconds, however fast the machine runs it."""
+    return rng.uniform(0.05, 0.95) * run_s
+
+
 def _registry(path: Path, tools: list[dict], server: str) -> Path:
     path.write_text(json.dumps({"server": server, "tools": tools}))
     return path
@@ -113,7 +118,7 @@ def test_sigkill_compile_keeps_previous_blocks(tmp_path):
     for i in range(KILLS):
         # a new edition each time: every tool changes, so every try rewrites blocks over the previous ones
         vi = _registry(tmp_path / f"v2-{i}.json", _tools(4, f"edition {i}"), "store")
-        delay = rng.uniform(0.05, 0.95) * t_v2  # within an unkilled run, however fast the machine runs it
+        delay = _kill_delay(rng, t_v2)
         if _kill_at(["compile", str(vi), "--model", "smollm2-135m", "--out", str(out)], delay):
             kills += 1
         states.append((round(delay, 2), _check_blocks(out, fp)))
@@ -154,7 +159,7 @@ def test_sigkill_index_keeps_previous_index(tmp_path):
 
     kills, seen = 0, []
     for i in range(KILLS):
-        delay = rng.uniform(0.05, 0.95) * t_v2  # within an unkilled run, however fast the machine runs it
+        delay = _kill_delay(rng, t_v2)
         if _kill_at(["index", str(v2), "--out", str(out)], delay):
             kills += 1
         n = _check_index(out)  # the old index or the complete new one, never a broken or missing one

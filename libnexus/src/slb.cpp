@@ -772,23 +772,27 @@ inline float from_order_key(uint32_t k) {
     return f;
 }
 
-// Keeps the keys of keys[0..m) that are at or above v (above: true) or below it, in order, at the front of keys;
-// returns how many, and folds the kept keys into *lo and *hi (their least and greatest). In place: the write
-// position never passes the read position.
-int64_t keep_scalar(uint32_t *keys, int64_t m, uint32_t v, bool above, uint32_t *lo, uint32_t *hi) {
-    int64_t w = 0;
-    uint32_t l = *lo, h = *hi;
-    for (int64_t i = 0; i < m; ++i) {
+// Keeps the keys of keys[i..m) that are at or above v (above: true) or below it, in order, at keys[w..); returns the
+// new w, with the kept keys folded into lo and hi (their least and greatest). In place: the write position never
+// passes the read position.
+int64_t keep_from(uint32_t *keys, int64_t w, int64_t i, int64_t m, uint32_t v, bool above, uint32_t &lo,
+                  uint32_t &hi) {
+    for (; i < m; ++i) {
         const uint32_t x = keys[i];
         const bool kept = (x >= v) == above;
         keys[w] = x;
         w += kept;  // no branch: a key that is not kept is overwritten by the next one
-        l = std::min(l, kept ? x : UINT32_MAX);
-        h = std::max(h, kept ? x : 0u);
+        lo = std::min(lo, kept ? x : UINT32_MAX);
+        hi = std::max(hi, kept ? x : 0u);
     }
-    *lo = l;
-    *hi = h;
     return w;
+}
+
+// keep_from over all of keys[0..m): returns how many are kept, and their least and greatest in *lo and *hi.
+int64_t keep_scalar(uint32_t *keys, int64_t m, uint32_t v, bool above, uint32_t *lo, uint32_t *hi) {
+    *lo = UINT32_MAX;
+    *hi = 0;
+    return keep_from(keys, 0, 0, m, v, above, *lo, *hi);
 }
 
 int64_t count_at_least_scalar(const uint32_t *keys, int64_t n, uint32_t v) {
@@ -850,19 +854,9 @@ NEXUS_AVX512_TARGET int64_t keep_avx512(uint32_t *keys, int64_t m, uint32_t v, b
         vlo = _mm512_mask_min_epu32(vlo, keep, vlo, x);
         vhi = _mm512_mask_max_epu32(vhi, keep, vhi, x);
     }
-    uint32_t l = std::min(*lo, static_cast<uint32_t>(_mm512_reduce_min_epu32(vlo)));
-    uint32_t h = std::max(*hi, static_cast<uint32_t>(_mm512_reduce_max_epu32(vhi)));
-    for (; i < m; ++i) {
-        const uint32_t x = keys[i];
-        const bool kept = (x >= v) == above;
-        keys[w] = x;
-        w += kept;
-        l = std::min(l, kept ? x : UINT32_MAX);
-        h = std::max(h, kept ? x : 0u);
-    }
-    *lo = l;
-    *hi = h;
-    return w;
+    *lo = static_cast<uint32_t>(_mm512_reduce_min_epu32(vlo));
+    *hi = static_cast<uint32_t>(_mm512_reduce_max_epu32(vhi));
+    return keep_from(keys, w, i, m, v, above, *lo, *hi);
 }
 #endif
 
@@ -904,8 +898,6 @@ float kth_largest(float *all, int64_t n, int64_t k, int32_t level) {
 #endif
         const bool above = c >= k;
         if (!above) k -= c;
-        lo = UINT32_MAX;
-        hi = 0;
 #if defined(__x86_64__)
         m = wide ? keep_avx512(keys, m, cand, above, &lo, &hi) : keep_scalar(keys, m, cand, above, &lo, &hi);
 #else
@@ -929,8 +921,7 @@ NEXUS_AVX512_TARGET inline __m512i offsets16(const int64_t *p, __mmask16 k) {
 NEXUS_AVX512_TARGET void tool_maxima_avx512(const float *all, const int64_t *offsets, int64_t n_tools, float *out) {
     const __m512 none = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < n_tools; t += 16) {
-        const int64_t m = std::min<int64_t>(16, n_tools - t);
-        const __mmask16 lanes = static_cast<__mmask16>((uint32_t{1} << m) - 1);
+        const __mmask16 lanes = lanes_before(t, n_tools);
         const __m512i start = offsets16(offsets + t, lanes);
         const __m512i len = _mm512_sub_epi32(offsets16(offsets + t + 1, lanes), start);
         const int32_t longest = _mm512_mask_reduce_max_epi32(lanes, len);

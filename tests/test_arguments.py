@@ -91,6 +91,81 @@ def test_drop_unsupported_never_touches_required():
 
 
 
+def test_certain_drops_are_the_optional_fields_no_value_of_which_the_drop_keeps():
+    from nexus_cli.arguments.repairs import certain_drops
+
+    spec = compile_tool(Tool("forge", "list_pull_requests", "", {"type": "object", "properties": {
+        "owner": {"type": "string"}, "force": {"type": "boolean"},
+        "draft": {"type": "boolean", "description": "Only pull requests marked as draft"},
+        "state": {"type": "string", "enum": ["open", "closed", "all"]},
+        "limit": {"type": "integer"}, "labels": {"type": "array", "items": {"enum": ["bug", "docs"]}},
+        "title": {"type": "string"}, "filter": {"type": "object", "properties": {"merged": {"type": "boolean"}}},
+        "ids": {"type": "array", "items": {"type": "integer"}}}, "required": ["owner", "force"]}))
+    # required fields, free strings, nested objects and arrays of numbers are never listed
+    assert certain_drops(spec, "pull requests in acme/api") == ["draft", "state", "limit", "labels"]
+    assert certain_drops(spec, "draft pull requests in acme/api") == ["state", "limit", "labels"]
+    assert certain_drops(spec, "closed pull requests in acme/api") == ["draft", "limit", "labels"]
+    # a number: any digit, number word or "one <noun>" could back one
+    for text in ("the last 5 pull requests", "the last five pull requests", "just one pull request"):
+        assert "limit" not in certain_drops(spec, text)
+    assert certain_drops(spec, "pull requests labelled docs") == ["draft", "state", "limit"]
+    # an enum member the request names replaces the chosen one before the drop (named_enum_members)
+    assert "state" not in certain_drops(spec, "every pull request, all of them")
+
+
+def test_certain_drops_agree_with_the_repairs_on_every_real_tool():
+    """Over every tool of ../shared/registries and a few requests, a field certain_drops lists is removed by
+    post_process_arguments whatever value of it the model writes (each of its possible values, or numbers), and a
+    field it does not list, among those it judges, has a value the repairs keep."""
+    from nexus_cli.arguments.repairs import _possible_values, certain_drops, post_process_arguments
+
+    if not REGISTRIES.is_dir():
+        pytest.skip("../shared/registries is not there")
+    requests = ["open a draft pull request in acme/api", "list the 5 newest closed issues, descending",
+                "search the docs for retries", "show me everything, including archived ones, as json"]
+    listed = judged = 0
+    for tool in load_registries([REGISTRIES]):
+        spec = compile_tool(tool)
+        if not spec.ok:
+            continue
+        props = spec.schema.get("properties") or {}
+        for text in requests:
+            drops = certain_drops(spec, text)
+            for key in drops:
+                values = _possible_values(props[key]) or [0, 1, 2, 7, 30, 100, 2.5]
+                for v in values:
+                    assert key not in post_process_arguments({key: v}, spec, text, [])[0], (spec.key, key, v, text)
+                listed += 1
+            for key, sub in props.items():
+                values = _possible_values(sub)
+                if key in drops or values is None or key in (spec.schema.get("required") or []):
+                    continue
+                judged += 1
+                assert any(key in post_process_arguments({key: v}, spec, text, [])[0] for v in values), (
+                    spec.key, key, text)
+    assert listed > 1000 and judged > 50  # both sides were exercised
+
+
+def test_first_answer_grammar_leaves_out_the_certain_drops_and_nothing_else():
+    from nexus_cli.arguments.pipeline import first_answer_grammar
+
+    spec = compile_tool({t.name: t for t in load_registries([FORGE])}["create_pull_request"])
+    gbnf, schema, left_out = first_answer_grammar(spec, "open a pull request in acme/api titled Add login page")
+    assert left_out == ["draft"] and "draft" not in schema["properties"] and "reviewers" in schema["properties"]
+    g = Grammar(gbnf)
+    base = '{"owner": "acme", "repo": "api", "title": "Add login page", "head": "f", "base": "main"'
+    assert g.accepts(base + "}") and g.accepts(base + ', "reviewers": ["ana"]}')
+    assert not g.accepts(base + ', "draft": false}')
+    assert Grammar(spec.grammar).accepts(base + ', "draft": false}')  # the tool's own grammar still has it
+    assert first_answer_grammar(spec, "open a draft pull request in acme/api")[2] == []
+    assert first_answer_grammar(spec, "open a draft pull request in acme/api")[0] == spec.grammar
+    # a root combinator could need or admit a field again: the grammar is left whole
+    combined = compile_tool(Tool("s", "t", "", {"type": "object", "properties": {
+        "a": {"type": "string"}, "flag": {"type": "boolean"}}, "required": ["a"],
+        "anyOf": [{"required": ["a"]}, {"required": ["flag"]}]}))
+    assert first_answer_grammar(combined, "do it")[2] == []
+
+
 def test_flags_and_abbreviated_members_backed_by_what_the_request_says():
     from nexus_cli.arguments.repairs import described, enum_supported
 

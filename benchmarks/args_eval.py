@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/args_eval.py                       # qwen2.5-0.5b on benchmarks/queries/args_cases.jsonl
     .venv/bin/python benchmarks/args_eval.py --cases tool_registries/demo_queries.jsonl --registry tool_registries
-    .venv/bin/python benchmarks/args_eval.py --no-post | --no-descriptions | --no-close | --no-leave-out  # ablations
+    .venv/bin/python benchmarks/args_eval.py --no-post | --no-descriptions | --no-close   # ablations
 
 Isolates the arguments stage (no routing): for each case the gold (server, tool) is compiled with
 nexus_cli.schema.compile_tool and nexus_cli.arguments.pipeline.generate_arguments fills it in. A gold argument counts
@@ -62,8 +62,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-descriptions", action="store_true", help="bare one-line signature in the prompt")
     ap.add_argument("--no-close", action="store_true",
                     help="write every optional string to its end (no early close of values the drop would remove)")
-    ap.add_argument("--no-leave-out", action="store_true",
-                    help="the first answer's grammar keeps the optional fields the drop is certain to remove")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
@@ -97,8 +95,7 @@ def main(argv=None) -> int:
             continue
         spec = compile_tool(tool)
         res = generate_arguments(ctx, spec, c["query"], c.get("history"), descriptions=not a.no_descriptions,
-                                 post_process=not a.no_post, close_unbacked=not a.no_close,
-                                 leave_out_drops=not a.no_leave_out)
+                                 post_process=not a.no_post, close_unbacked=not a.no_close)
         try:
             json.loads(res.raw)
             json_ok += 1
@@ -119,8 +116,7 @@ def main(argv=None) -> int:
         ptoks.append(res.prompt_tokens)
         rec = {"id": c["id"], "tool": key, "right": right, "args": res.arguments, "gold": gold, "extra": extra,
                "dropped": res.dropped, "valid": res.valid, "errors": res.errors, "ms": res.timings_ms,
-               "history": bool(c.get("history")), "closed": res.closed, "left_out": res.left_out, "guessed": res.guessed,
-               "raw": res.raw}
+               "history": bool(c.get("history")), "closed": res.closed, "guessed": res.guessed, "raw": res.raw}
         per_case.append(rec)
         if a.verbose:
             mark = "ok " if all(right.values()) else "BAD"
@@ -132,7 +128,7 @@ def main(argv=None) -> int:
         "suite": "args_eval (gold tool given)",
         "cases_file": " ".join(a.cases), "cases": n, "model": a.model, "threads": ctx.n_threads,
         "config": {"post_process": not a.no_post, "descriptions": not a.no_descriptions,
-                   "close_unbacked": not a.no_close, "leave_out_drops": not a.no_leave_out},
+                   "close_unbacked": not a.no_close},
         "specified_args": spec_total, "specified_right": spec_ok,
         "specified_accuracy": round(spec_ok / spec_total, 4) if spec_total else None,
         "cases_all_right": sum(all(p["right"].values()) for p in per_case),

@@ -9,8 +9,6 @@ short inline descriptions, and the request.
 Decoding is greedy and constrained by the tool's GBNF grammar (nexus_cli.schema), so the output always parses.
 An optional string the drop of unsupported fields is certain to remove is closed as soon as that is certain
 (arguments/unbacked.py): the model writes its closing quote and goes on, and the rest of the value is never decoded.
-An optional field the drop would remove whatever value it took (a flag, an enum member or a number the request gives
-no trace of: repairs.certain_drops) is left out of the first answer's grammar (first_answer_grammar).
 String values are bounded by the length of the request + history window (a value longer than its only possible
 source cannot be copied from it; this stops a small model's runaway strings). An answer that runs out of tokens
 before its JSON closes, or that fails validation, is retried over tighter grammars (RETRY_GRAMMARS): first the
@@ -49,7 +47,6 @@ from .guessed import guessed_values
 from .prefixes import ArgumentPrefixes, common_prefix, tool_prefix_tokens
 from .prompt import build_messages, source_text, tool_block
 from .repairs import (
-    certain_drops,
     drop_unsupported,
     field_words,
     norm_text,
@@ -71,9 +68,6 @@ RETRY_GRAMMARS = ("tight", "required-first")  # tried in this order after a firs
 # an optional string the drop is certain to remove is closed as soon as that is certain (arguments/unbacked.py);
 # False writes every value to its end
 CLOSE_UNBACKED = True
-# optional fields the drop is certain to remove whatever their value are left out of the first answer's grammar
-# (first_answer_grammar); False: the tool's whole grammar
-LEAVE_OUT_CERTAIN_DROPS = True
 
 
 @dataclass
@@ -92,7 +86,6 @@ class ArgsResult:
     accepted: int = 0  # of those, the ones greedy decoding kept: decode steps saved
     closed: list[str] = field(default_factory=list)  # optional strings closed early (also among `dropped`)
     guessed: list[str] = field(default_factory=list)  # required values the request gives no trace of (guessed.py)
-    left_out: list[str] = field(default_factory=list)  # optional fields the first answer's grammar left out
 
 
 _CONTEXTS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -285,35 +278,6 @@ def required_first_schema(spec: ToolSpec, source: str) -> dict | None:
     return {**schema, "properties": {k: props[k] for k in keep}}
 
 
-# root keywords under which a property left out of `properties` could still be written, or be needed
-_ROOT_COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependencies",
-                     "dependentRequired", "dependentSchemas", "patternProperties", "propertyNames")
-
-
-def first_answer_grammar(spec: ToolSpec, source: str) -> tuple[str, Any, list[str]]:
-    """(the GBNF, the schema the drafter follows, the fields left out) of the first answer: the tool's own grammar
-    without the optional fields the repairs are certain to remove given the request + window `source`
-    (repairs.certain_drops: a flag, an enum, a number the request gives no trace of). The prompt's signature still
-    shows them; an answer without them is as valid, and writing one costs decode steps for a value the drop throws
-    away. The tool's grammar as it is when nothing is left out, or when the root schema is not a plain object with
-    properties (a combinator could need or admit a field again)."""
-    raw = spec.input_schema
-    props = raw.get("properties") if isinstance(raw, dict) else None
-    if not isinstance(props, dict) or any(k in raw for k in _ROOT_COMBINATORS):
-        return spec.grammar, spec.schema, []
-    drops = [k for k in certain_drops(spec, source) if k in props]
-    if not drops:
-        return spec.grammar, spec.schema, []
-    try:
-        gbnf, _ = grammar_of(spec.name, {**raw, "properties": {k: v for k, v in props.items() if k not in drops}})
-    except NexusError:
-        return spec.grammar, spec.schema, []
-    norm_props = spec.schema.get("properties") if isinstance(spec.schema, dict) else None
-    schema = {**spec.schema, "properties": {k: v for k, v in norm_props.items() if k not in drops}} \
-        if isinstance(norm_props, dict) else spec.schema
-    return gbnf, schema, drops
-
-
 def _retry_grammar(spec: ToolSpec, kind: str, source: str) -> tuple[str, dict] | None:
     """(the GBNF, its schema) of one of RETRY_GRAMMARS for this tool and request, or None when there is none."""
     schema = spec.input_schema if kind == "tight" else required_first_schema(spec, source)
@@ -347,7 +311,7 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
                        cache: PromptCache | None = None,
                        time_limit_s: float | None = DEFAULT_ARGS_TIME_LIMIT_S,
                        window_size: tuple[int, int] | None = None, drafting: bool | None = None,
-                       close_unbacked: bool | None = None, leave_out_drops: bool | None = None) -> ArgsResult:
+                       close_unbacked: bool | None = None) -> ArgsResult:
     """Arguments for `spec` from `query` (+ history) with grammar-constrained greedy decoding; see the module doc.
     The one argument pipeline: `nexus route`, `nexus route --session` and `nexus serve` all call it.
 
@@ -359,8 +323,6 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     (arguments/drafts.py; False decodes one token at a time, the baseline of `nexus bench drafts`; None: DRAFTING).
     close_unbacked: close optional strings the drop would remove as soon as that is certain (arguments/unbacked.py;
     False writes them out; None: CLOSE_UNBACKED; never without post_process, which is what removes them).
-    leave_out_drops: leave the optional fields the drop is certain to remove out of the first answer's grammar
-    (first_answer_grammar; False: the whole grammar; None: LEAVE_OUT_CERTAIN_DROPS; never without post_process).
 
     Raises SchemaError when the tool has no grammar (its schema could not be compiled: the reason is given)."""
     if not spec.ok or not spec.grammar:
@@ -385,16 +347,12 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     start = cache.start(ctx, tokens, n_tool_prefix, seq_id, card=card)
     # runaway guard: a string value can be at most as long as the text it could be copied from (+ slack)
     source_chars = len(str(query)) + sum(len(m["content"]) for m in window)
+    gbnf = with_string_limit(spec.grammar, max(STRING_MIN_BOUND, source_chars + 16))
     source = source_text(query, window)
-    # the fields left out are the drop's to remove, so only where the drop runs
-    leaving_out = (LEAVE_OUT_CERTAIN_DROPS if leave_out_drops is None else leave_out_drops) and post_process
-    first, first_schema, left_out = first_answer_grammar(spec, source) if leaving_out \
-        else (spec.grammar, spec.schema, [])
-    gbnf = with_string_limit(first, max(STRING_MIN_BOUND, source_chars + 16))
     closing = (CLOSE_UNBACKED if close_unbacked is None else close_unbacked) and post_process
     gen = _Generations(ctx, seq_id, source, DRAFTING if drafting is None else drafting,
                        close_spec=spec if closing else None)
-    res = gen(tokens[start:], start, gbnf, first_schema, max_tokens, deadline=first_deadline)
+    res = gen(tokens[start:], start, gbnf, spec.schema, max_tokens, deadline=first_deadline)
     cache.kept(ctx, tokens, res.tokens, seq_id)
     t_first, t_total = res.t_first_token_ms, res.t_total_ms
     raw = res.text
@@ -450,4 +408,4 @@ def generate_arguments(llm: Any, spec: ToolSpec, query: str, history: Sequence[A
     timings = {"first_token": round(t_first, 2), "total": round(t_total, 2)}
     return ArgsResult(args, raw, not errors, errors, timings, len(tokens), dropped,
                       messages[-1]["content"] if args is not None else "", retries, gen.drafted, gen.accepted,
-                      gen.closed, guessed_values(args, spec, source) if not errors else [], left_out)
+                      gen.closed, guessed_values(args, spec, source) if not errors else [])

@@ -283,61 +283,6 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _writes_no_number(ctx: str) -> bool:
-    """No number can be backed by `ctx` (norm_text): it has no digit (`supported`, `unit_backed`), no number word
-    from two to twenty (`supported`) and no "one <noun>" (`normalized_backed`)."""
-    return (re.search(r"[0-9]", ctx) is None and _ONE_THING.search(ctx) is None
-            and not any(re.search(rf"(?<![a-z]){w}(?![a-z])", ctx) for w in _NUMBER_WORDS.values()))
-
-
-def _possible_values(schema: Any) -> list | None:
-    """Every value a field of this schema can take, as far as the drop tells them apart, when they are few: a
-    boolean's two, an enum's members, a one-item list of each for an array of those; None for other fields."""
-    if not isinstance(schema, dict):
-        return None
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return list(schema["enum"])
-    kind = schema.get("type")
-    if kind == "boolean":
-        return [True, False]
-    if kind == "array" and isinstance(schema.get("items"), dict):
-        items = _possible_values(schema["items"])
-        return None if items is None else [[x] for x in items]  # a list is kept only when every item is backed
-    return None
-
-
-def certain_drops(spec: ToolSpec, context: str) -> list[str]:
-    """The top-level optional fields that the repairs remove whatever value the model writes for them, given the
-    request + window `context` (as post_process_arguments reads it): every value the field can take is run through
-    named_enum_members and the drop (drop_unsupported), and none is kept. Decided for booleans, enums and arrays of
-    them (their values are few: _possible_values) and for numbers when the text writes none (_writes_no_number);
-    any other field may be backed and is never listed. The first answer's grammar leaves these out
-    (pipeline.first_answer_grammar): writing one is decode steps for a value the drop throws away."""
-    schema = spec.schema if isinstance(spec.schema, dict) else {}
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    raw = spec.input_schema if isinstance(spec.input_schema, dict) else {}
-    required = set(schema.get("required") or []) | set(raw.get("required") or [])
-    ctx = norm_text(context)
-    out = []
-    for key, sub in props.items():
-        if key in required or not isinstance(sub, dict):
-            continue
-        values = _possible_values(sub)
-        if values is None:
-            if sub.get("type") in ("integer", "number") and _writes_no_number(ctx):
-                out.append(key)
-            continue
-        kept = False
-        for v in values:
-            named = named_enum_members({key: v}, schema, context)
-            if key in drop_unsupported(named, spec, context)[0]:
-                kept = True
-                break
-        if not kept:
-            out.append(key)
-    return out
-
-
 def clamp_numbers(value: Any, schema: Any, path: str = "", clamped: list[str] | None = None) -> Any:
     """Numbers outside their schema's minimum/maximum moved onto the bound (integers past an exclusive bound to the
     nearest integer inside). The grammar fixes a number's type but cannot express ranges; a small model writes

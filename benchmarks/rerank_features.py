@@ -7,6 +7,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py history results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --orders
     python benchmarks/rerank_features.py orders results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --chooser-k 3
+    python benchmarks/rerank_features.py chooser-k results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -24,6 +26,12 @@ not the retriever's first), each twice, reading the conversation as the product'
 cards in the retriever's order, `choice15_rev` with them in reverse (mapped back to the retriever's order). `orders`
 then prints the cascade, gated, with the first against the mean of the two (a list's order biases which name a
 model answers; the mean reads every candidate once near the top and once near the request).
+
+With `--chooser-k N`, only the requests where `nexus route` asks the name choice (escalated by the margin gate,
+and the likelihood's choice not the retriever's first) get it, twice, reading the
+conversation as the product's cascade does and timed: `choice15` over the K cards (as shipped) and `choice15_first`
+over the first N of them only (a shorter prompt to decode). `chooser-k` then prints the cascade, gated, with each,
+and the median time of a name choice both ways.
 
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
@@ -117,7 +125,8 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
-         queries: list[str] | None = None, prev_request: bool = False, orders: bool = False) -> Path:
+         queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
+         chooser_k: int | None = None) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -127,10 +136,10 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders:
+    if orders or chooser_k:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
-                          orders=orders,
+                          orders=orders, chooser_k=chooser_k,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -165,6 +174,14 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
             chooser = choosers["choice15"]
             row["choice15"] = chooser.name_logprobs(request, head, context) if asked else None
             row["choice15_rev"] = chooser.name_logprobs(request, head[::-1], context)[::-1] if asked else None
+        elif chooser_k:  # only where `nexus route` asks it: an escalated decision the likelihood disagrees on
+            asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
+            context = routing_context(q.get("history"))
+            chooser = choosers["choice15"]
+            for key, cards in (("choice15", head), ("choice15_first", head[:chooser_k])):
+                t1 = time.perf_counter()
+                row[key] = chooser.name_logprobs(request, cards, context) if asked else None
+                row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
         else:
             for name, chooser in choosers.items():
                 row[name] = chooser.name_logprobs(request, head) if needed else None
@@ -277,6 +294,42 @@ def orders_report(path: Path) -> None:
               f"({two.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = {sign_test(fixed, broken):.3f}")
 
 
+def chooser_k_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, with the name choice over all K cards (as
+    shipped) against over the first N only (the candidates after them ranked after, in the retriever's order), per
+    query set, paired; and the name choice's median time both ways (one process, one after the other per request)."""
+    doc = json.loads(Path(path).read_text())
+    rows, k, tau, n = doc["samples"]["queries"], doc["params"]["k"], doc["params"]["tau"], doc["params"]["chooser_k"]
+
+    def pick(r, first: bool) -> int:
+        if not escalated(r, tau):
+            return 0  # the fast path: no reranker
+        if first and r["choice15_first"] is not None:
+            return cascade_pick(r, n, choice=r["choice15_first"])
+        return cascade_pick(r, k)
+
+    up = [r for r in rows if escalated(r, tau)]
+    asked = [r for r in up if r["choice15"] is not None]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on {len(asked)}")
+    groups: dict[str, list] = {"all": rows}
+    for r in rows:
+        groups.setdefault(request_kind(r), []).append(r)
+    for name, rs in groups.items():
+        base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
+        first = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])
+        fixed, broken = int((first & ~base).sum()), int((~first & base).sum())
+        print(f"  {name} ({len(rs)}): {k} cards {base.sum()} ({base.mean() * 100:.1f} %), the first {n} "
+              f"{first.sum()} ({first.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = "
+              f"{sign_test(fixed, broken):.3f}")
+    timed = [r for r in rows if r["choice15_ms"] is not None]
+    if timed:
+        whole = float(np.median([r["choice15_ms"] for r in timed]))
+        part = float(np.median([r["choice15_first_ms"] for r in timed]))
+        ratio = float(np.median([r["choice15_ms"] / r["choice15_first_ms"] for r in timed]))
+        print(f"  a name choice, median over {len(timed)}: {k} cards {whole:.0f} ms, the first {n} {part:.0f} ms; "
+              f"per request {ratio:.2f}x as fast")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -291,6 +344,8 @@ def main() -> None:
     d.add_argument("--out", default="results")
     d.add_argument("--orders", action="store_true",
                    help="the 1.5B name choice in both orders of the cards, where the cascade asks it (see `orders`)")
+    d.add_argument("--chooser-k", type=int, default=None,
+                   help="the 1.5B name choice over all K cards and over the first N, timed, where the cascade asks it")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -299,14 +354,18 @@ def main() -> None:
     h.add_argument("file")
     o = sub.add_parser("orders")
     o.add_argument("file")
+    c = sub.add_parser("chooser-k")
+    c.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries, a.prev_request, a.orders))
+                   a.queries, a.prev_request, a.orders, a.chooser_k))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
         orders_report(Path(a.file))
+    elif a.cmd == "chooser-k":
+        chooser_k_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -649,7 +649,8 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
 def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
     """CascadeReranker: the likelihood reads the first four candidates; where the request is most likely after the
     retriever's first, its reciprocal-rank fusion stands (the fifth candidate after the four, the name choice never
-    asked); where it is most likely after another, the name choice's scores over all five are the answer."""
+    asked); where it is most likely after another, the name choice's scores over the first three are the answer, the
+    fourth and fifth after them in the retriever's order."""
     from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
 
     class Likelihood:
@@ -671,6 +672,7 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
 
         def score(self, query, entries, base, context=""):
             self.calls += 1
+            self.read = list(entries)
             return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
 
     entries, base = ["a", "b", "c", "d", "e"], [0.9, 0.8, 0.7, 0.6, 0.5]
@@ -683,6 +685,7 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
     disagree = CascadeReranker(Likelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
     got = disagree.score("close it", entries, base, context="earlier")
     assert chooser.calls == 1 and disagree.asked == 1 and int(np.argmax(got)) == 2
+    assert chooser.read == ["a", "b", "c"] and len(got) == 5 and min(got[:3]) > got[3] > got[4]
 
 
 def test_the_cascade_is_a_reranker_the_router_and_the_cli_accept(forge_dir, embedder):

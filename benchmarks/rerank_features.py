@@ -266,6 +266,21 @@ def history(path: Path) -> None:
                   f"sign test p = {sign_test(fixed, broken):.3f}")
 
 
+def paired_by_kind(rows: list[dict], pick, base_label: str, cand_label: str) -> None:
+    """Top-1 of two picks over the dumped requests (pick(r, False): the shipped one; pick(r, True): the candidate),
+    over all of them and per kind of request (request_kind), paired with a sign test."""
+    groups: dict[str, list] = {"all": rows}
+    for r in rows:
+        groups.setdefault(request_kind(r), []).append(r)
+    for name, rs in groups.items():
+        base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
+        cand = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])
+        fixed, broken = int((cand & ~base).sum()), int((~cand & base).sum())
+        print(f"  {name} ({len(rs)}): {base_label} {base.sum()} ({base.mean() * 100:.1f} %), {cand_label} "
+              f"{cand.sum()} ({cand.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = "
+              f"{sign_test(fixed, broken):.3f}")
+
+
 def orders_report(path: Path) -> None:
     """The cascade, gated by the index's margin gate as `nexus route` is, with the name choice read in the retriever's
     order (as shipped) against the mean of that and the reverse order, per query set; paired."""
@@ -283,15 +298,7 @@ def orders_report(path: Path) -> None:
     up = [r for r in rows if escalated(r, tau)]
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on "
           f"{sum(cascade_asks(r['ll05'], None, 0.0) for r in up)}")
-    groups: dict[str, list] = {"all": rows}
-    for r in rows:
-        groups.setdefault(request_kind(r), []).append(r)
-    for name, rs in groups.items():
-        base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
-        two = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])
-        fixed, broken = int((two & ~base).sum()), int((~two & base).sum())
-        print(f"  {name} ({len(rs)}): one order {base.sum()} ({base.mean() * 100:.1f} %), both orders {two.sum()} "
-              f"({two.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = {sign_test(fixed, broken):.3f}")
+    paired_by_kind(rows, pick, "one order", "both orders")
 
 
 def chooser_k_report(path: Path) -> None:
@@ -311,16 +318,7 @@ def chooser_k_report(path: Path) -> None:
     up = [r for r in rows if escalated(r, tau)]
     asked = [r for r in up if r["choice15"] is not None]
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on {len(asked)}")
-    groups: dict[str, list] = {"all": rows}
-    for r in rows:
-        groups.setdefault(request_kind(r), []).append(r)
-    for name, rs in groups.items():
-        base = np.array([r["cands"][pick(r, False)] in r["gold"] for r in rs])
-        first = np.array([r["cands"][pick(r, True)] in r["gold"] for r in rs])
-        fixed, broken = int((first & ~base).sum()), int((~first & base).sum())
-        print(f"  {name} ({len(rs)}): {k} cards {base.sum()} ({base.mean() * 100:.1f} %), the first {n} "
-              f"{first.sum()} ({first.mean() * 100:.1f} %), {fixed} fixed / {broken} broken, sign test p = "
-              f"{sign_test(fixed, broken):.3f}")
+    paired_by_kind(rows, pick, f"{k} cards", f"the first {n}")
     timed = [r for r in rows if r["choice15_ms"] is not None]
     if timed:
         whole = float(np.median([r["choice15_ms"] for r in timed]))

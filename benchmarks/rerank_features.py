@@ -9,6 +9,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py orders results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --chooser-k 3
     python benchmarks/rerank_features.py chooser-k results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --head-cache
+    python benchmarks/rerank_features.py head-cache results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -32,6 +34,11 @@ and the likelihood's choice not the retriever's first) get it, twice, reading th
 conversation as the product's cascade does and timed: `choice15` over the K cards (as shipped) and `choice15_first`
 over the first N of them only (a shorter prompt to decode). `chooser-k` then prints the cascade, gated, with each,
 and the median time of a name choice both ways.
+
+With `--head-cache`, only the requests where `nexus route` asks the name choice get it, over the first
+CascadeReranker.CHOICE_K cards as the cascade asks it, twice, timed, from two contexts of one model: `choice15` with
+each prompt decoded whole, `choice15_head` with the prompt's shared head kept decoded between decisions
+(LLMReranker.keep_head). `head-cache` then prints the cascade, gated, with each, and the median time both ways.
 
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
@@ -62,7 +69,7 @@ from nexus_cli.lab.common import registry_dir_default  # noqa: E402
 from nexus_cli.lab.results import Run, model_identity  # noqa: E402
 from nexus_cli.lab.stats import sign_test  # noqa: E402
 from nexus_cli.registry import load_registries  # noqa: E402
-from nexus_cli.routing.rerank import LikelihoodReranker, LLMReranker, rrf_fuse  # noqa: E402
+from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, LLMReranker, rrf_fuse  # noqa: E402
 from nexus_cli.routing.router import Router, RouterConfig, routing_context  # noqa: E402
 
 SUITE = "rerank-features"
@@ -109,9 +116,10 @@ def request_kind(r: dict) -> str:
     return "after another conversation" if "+" in s else ("follow-ups" if r["follow_up"] else "no history")
 
 
-def choice_scorer(model: str, k: int) -> LLMReranker:
+def choice_scorer(model: str | LlamaModel, k: int, keep_head: bool = True) -> LLMReranker:
     """The product's name-choice reranker on its own context (the prompt's sequence and one copy per candidate)."""
-    return LLMReranker(LlamaContext(LlamaModel(model), n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k))
+    model = model if isinstance(model, LlamaModel) else LlamaModel(model)
+    return LLMReranker(LlamaContext(model, n_ctx=4096, n_seq_max=LLMReranker.SEQ + 1 + k), keep_head=keep_head)
 
 
 def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> list[dict]:
@@ -126,7 +134,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
-         chooser_k: int | None = None) -> Path:
+         chooser_k: int | None = None, head_cache: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -135,11 +143,16 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     index = router.index
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
-    choosers = {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
+    choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
     if orders or chooser_k:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
+    if head_cache:  # one model, two contexts: the prompt decoded whole, and its head kept between decisions
+        large = LlamaModel(CHOOSERS["choice15"])
+        choosers = {"choice15": choice_scorer(large, k, keep_head=False),
+                    "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
-                          orders=orders, chooser_k=chooser_k,
+                          orders=orders, chooser_k=chooser_k, head_cache=head_cache,
+                          choice_k=CascadeReranker.CHOICE_K if head_cache else None,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -181,6 +194,13 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
             for key, cards in (("choice15", head), ("choice15_first", head[:chooser_k])):
                 t1 = time.perf_counter()
                 row[key] = chooser.name_logprobs(request, cards, context) if asked else None
+                row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
+        elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
+            asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
+            context = routing_context(q.get("history"))
+            for key, chooser in choosers.items():
+                t1 = time.perf_counter()
+                row[key] = chooser.name_logprobs(request, head[:CascadeReranker.CHOICE_K], context) if asked else None
                 row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
         else:
             for name, chooser in choosers.items():
@@ -328,6 +348,31 @@ def chooser_k_report(path: Path) -> None:
               f"per request {ratio:.2f}x as fast")
 
 
+def head_cache_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, with the name choice's prompt decoded whole
+    against its head kept decoded, per query set, paired; and the name choice's median time both ways (one process,
+    one after the other per request)."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, n = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+
+    def pick(r, held: bool) -> int:
+        if not escalated(r, tau):
+            return 0  # the fast path: no reranker
+        return cascade_pick(r, n, choice=r["choice15_head" if held else "choice15"])
+
+    up = [r for r in rows if escalated(r, tau)]
+    asked = [r for r in up if r["choice15"] is not None]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on {len(asked)}"
+          f" (over {n} cards)")
+    paired_by_kind(rows, pick, "whole prompt", "head kept")
+    if asked:
+        whole = float(np.median([r["choice15_ms"] for r in asked]))
+        held = float(np.median([r["choice15_head_ms"] for r in asked]))
+        ratio = float(np.median([r["choice15_ms"] / r["choice15_head_ms"] for r in asked]))
+        print(f"  a name choice, median over {len(asked)}: whole prompt {whole:.0f} ms, head kept {held:.0f} ms; "
+              f"per request {ratio:.2f}x as fast")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -344,6 +389,9 @@ def main() -> None:
                    help="the 1.5B name choice in both orders of the cards, where the cascade asks it (see `orders`)")
     d.add_argument("--chooser-k", type=int, default=None,
                    help="the 1.5B name choice over all K cards and over the first N, timed, where the cascade asks it")
+    d.add_argument("--head-cache", action="store_true",
+                   help="the 1.5B name choice with its prompt decoded whole and with its head kept, timed, where the "
+                        "cascade asks it")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -354,16 +402,20 @@ def main() -> None:
     o.add_argument("file")
     c = sub.add_parser("chooser-k")
     c.add_argument("file")
+    hc = sub.add_parser("head-cache")
+    hc.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries, a.prev_request, a.orders, a.chooser_k))
+                   a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
         orders_report(Path(a.file))
     elif a.cmd == "chooser-k":
         chooser_k_report(Path(a.file))
+    elif a.cmd == "head-cache":
+        head_cache_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -285,6 +285,43 @@ def test_llm_reranker_scores_each_candidates_name_as_the_answer(forge_dir):
 
 
 @pytest.mark.slow
+def test_llm_reranker_keeps_its_prompt_head_and_decides_alike_whatever_the_cache_holds(forge_dir):
+    """The name choice decodes the head every prompt shares (the system turn, the user turn up to the first card)
+    apart and keeps it on its sequence between decisions: after a decision the sequence holds the head alone; a
+    decision gives the same scores with the head held, after the cache was emptied, and after another user of the
+    sequence overwrote it (the head is decoded again); keep_head=False decodes each prompt whole and keeps nothing."""
+    from nexus_cli.adapters.llama import LlamaContext, LlamaModel
+    from nexus_cli.routing.rerank import LLMReranker
+
+    idx = load_index(forge_dir)
+    by_name = {t.name: t for t in idx.tools}
+    cands = [by_name[n] for n in ("list_issues", "merge_pull_request", "create_branch")]
+    model = LlamaModel("smollm2-135m")
+    seq = LLMReranker.SEQ
+    kept = LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 1 + len(cands)))
+    ctx = kept.ctx
+    head = kept._head_tokens()
+    query = "merge pull request 12 in acme/api"
+    prompt = kept.prompt(query, cands)
+    assert len(head) > 10 and prompt[:len(head)] == head
+    assert kept.prompt("list the open issues", cands[::-1])[:len(head)] == head
+    lp = kept.name_logprobs(query, cands)  # the head decoded for the first time
+    assert ctx.seq_pos_max(seq) == len(head) - 1 and all(ctx.seq_pos_max(seq + 1 + n) == -1 for n in range(3))
+    assert kept.name_logprobs(query, cands) == pytest.approx(lp, abs=1e-6)  # the head held
+    ctx.clear()
+    assert kept.name_logprobs(query, cands) == pytest.approx(lp, abs=1e-6)  # decoded again
+    ctx.seq_rm(seq)
+    ctx.decode(prompt[:5], 0, seq_id=seq)  # someone else's tokens on the sequence
+    assert kept.name_logprobs(query, cands) == pytest.approx(lp, abs=1e-6)
+    assert ctx.seq_pos_max(seq) == len(head) - 1
+    whole = LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 1 + len(cands)), keep_head=False)
+    lw = whole.name_logprobs(query, cands)
+    assert whole.ctx.seq_pos_max(seq) == -1
+    # decoded in one call or two, the scores differ only by llama.cpp's arithmetic, not in the answer
+    assert int(np.argmax(lw)) == int(np.argmax(lp)) and lw == pytest.approx(lp, abs=0.3)
+
+
+@pytest.mark.slow
 def test_the_llm_reranker_runs_on_its_own_model(forge_dir, embedder):
     """`--rerank-model` gives the reranker its own LLM beside the arguments' one; the llm reranker's default is
     config.LLM_RERANKER_MODEL, the likelihood reranker's the arguments' model, except with the default arguments

@@ -39,7 +39,12 @@ class LLMReranker:
 
     A card: the name (with its server when two candidates share a name), the server, the first DESC_WORDS words of the
     description and the first MAX_PARAMS parameter names. The prompt is decoded once, on sequence SEQ; each
-    candidate's answer is scored on a copy of it (sequences SEQ + 1 ...), all in one batch."""
+    candidate's answer is scored on a copy of it (sequences SEQ + 1 ...), all in one batch.
+
+    The prompt's head (the system turn and the user turn up to the first card), the same for every request, is
+    decoded on its own once per context and kept on sequence SEQ between decisions (keep_head); a decision decodes
+    the rest. The head is decoded apart the first time too: llama.cpp's logits depend on how a prompt is split into
+    decode calls, so a decision must not depend on whether the head was already held."""
 
     name = "llm"
     SEQ = 1  # the prompt's sequence, its copies after it; sequence 0 keeps argument generation's warm prefix
@@ -48,12 +53,16 @@ class LLMReranker:
     SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
               "as written in the list.")
 
-    def __init__(self, ctx, index=None, weight: float | None = None):
+    def __init__(self, ctx, index=None, weight: float | None = None, keep_head: bool = True):
         """weight: of the log-probabilities against the retriever's score (score()); None: the one chosen for this
-        model (config.LLM_RERANKER_WEIGHTS)."""
+        model (config.LLM_RERANKER_WEIGHTS). keep_head: keep the prompt's head decoded between decisions (False:
+        decode each prompt whole; a benchmark compares the two)."""
         self.ctx = ctx
         self.weight = llm_reranker_weight(ctx.model.name) if weight is None else float(weight)
+        self.keep_head = keep_head
         self._end = None
+        self._head: list[int] | None = None  # the tokens every prompt starts with (_head_tokens)
+        self._head_held = False  # is the head decoded on sequence SEQ (checked against the cache before use)
 
     @staticmethod
     def label(entry, entries: Sequence) -> str:
@@ -71,10 +80,41 @@ class LLMReranker:
         """context: the conversation's recent turns (router.routing_context), so a follow-up ("close it") can be
         read against what it follows."""
         earlier = f"Earlier in the conversation: {context}\n" if context else ""
-        user = ("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
-                + f"\n\n{earlier}Request: {query}\nWhich tool fulfils the request?")
+        return self._chat("Tools:\n" + "\n".join(self.card(e, entries) for e in entries)
+                          + f"\n\n{earlier}Request: {query}\nWhich tool fulfils the request?")
+
+    def _chat(self, user: str) -> list[int]:
         return self.ctx.model.chat_tokens([{"role": "system", "content": self.SYSTEM},
                                            {"role": "user", "content": user}])
+
+    def _head_tokens(self) -> list[int]:
+        """The prompt's head: the tokens two prompts share when their first cards differ from the first character,
+        less the last one (a token at the boundary could merge with what follows it). Every prompt is checked to
+        start with it before it is used."""
+        if self._head is None:
+            a, b = self._chat("Tools:\n- alpha (server: a)"), self._chat("Tools:\n- (zz) [server: b]")
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            self._head = a[:max(0, n - 1)]
+        return self._head
+
+    def _decode_prompt(self, prompt: list[int]) -> int:
+        """Decode the prompt on sequence SEQ, its head apart (held from an earlier decision where the cache still
+        has it). Returns how many of its first tokens stay on SEQ after the decision (the head's, or 0)."""
+        ctx = self.ctx
+        head = self._head_tokens() if self.keep_head else []
+        if not head or len(prompt) <= len(head) or prompt[:len(head)] != head:
+            ctx.seq_rm(self.SEQ)
+            self._head_held = False
+            ctx.decode(prompt, 0, seq_id=self.SEQ)
+            return 0
+        n = len(head)
+        if not (self._head_held and ctx.seq_pos_max(self.SEQ) == n - 1):  # emptied or overwritten elsewhere
+            ctx.seq_rm(self.SEQ)
+            self._head_held = False
+            ctx.decode(head, 0, seq_id=self.SEQ, logits_last=False)
+            self._head_held = True
+        ctx.decode(prompt[n:], n, seq_id=self.SEQ)
+        return n
 
     def _end_tokens(self) -> list[int]:
         """The tokens that end the assistant's turn (Qwen's <|im_end|>; a newline where the template has none)."""
@@ -94,9 +134,9 @@ class LLMReranker:
                    for e in entries]
         width = max(1, ctx.n_seq_max - self.SEQ - 1)
         out: list[float] = []
-        ctx.seq_rm(self.SEQ)
+        kept = 0
         try:
-            ctx.decode(prompt, 0, seq_id=self.SEQ)
+            kept = self._decode_prompt(prompt)
             first = log_softmax(ctx.logits())
             for g0 in range(0, len(answers), width):
                 group = answers[g0:g0 + width]
@@ -113,7 +153,8 @@ class LLMReranker:
                         ctx.seq_rm(self.SEQ + 1 + n)
                 out += [float(first[toks[0]]) + float(sum(lp)) for toks, lp in zip(group, rest)]
         finally:
-            ctx.seq_rm(self.SEQ)
+            ctx.seq_rm(self.SEQ, kept)  # the head stays for the next decision
+            self._head_held = self._head_held and kept > 0
         return out
 
     def choose(self, query: str, entries: Sequence, context: str = "") -> int:

@@ -285,12 +285,14 @@ def test_llm_reranker_scores_each_candidates_name_as_the_answer(forge_dir):
 
 
 @pytest.mark.slow
-def test_llm_reranker_keeps_its_prompt_head_and_decides_alike_whatever_the_cache_holds(forge_dir):
+def test_llm_reranker_keeps_its_prompt_head_and_decides_alike_whatever_the_cache_holds(forge_dir, tmp_path):
     """The name choice decodes the head every prompt shares (the system turn, the user turn up to the first card)
     apart and keeps it on its sequence between decisions: after a decision the sequence holds the head alone; a
-    decision gives the same scores with the head held, after the cache was emptied, and after another user of the
-    sequence overwrote it (the head is decoded again); keep_head=False decodes each prompt whole and keeps nothing."""
+    decision gives the same scores with the head held, after the cache was emptied, after another user of the
+    sequence overwrote it (the head is decoded again), and in another process that reads the head back from the
+    prefix store (a damaged entry is decoded again); keep_head=False decodes each prompt whole and keeps nothing."""
     from nexus_cli.adapters.llama import LlamaContext, LlamaModel
+    from nexus_cli.prefix_store import PrefixStore
     from nexus_cli.routing.rerank import LLMReranker
 
     idx = load_index(forge_dir)
@@ -314,6 +316,19 @@ def test_llm_reranker_keeps_its_prompt_head_and_decides_alike_whatever_the_cache
     ctx.decode(prompt[:5], 0, seq_id=seq)  # someone else's tokens on the sequence
     assert kept.name_logprobs(query, cands) == pytest.approx(lp, abs=1e-6)
     assert ctx.seq_pos_max(seq) == len(head) - 1
+    # the head on disk: decoded and written by one reranker, read back by the next (a fresh context)
+    store = PrefixStore(tmp_path / "heads")
+    LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 4), store=store).name_logprobs(query, cands)
+    assert store.writes == 1 and store.misses == 1 and len(list((tmp_path / "heads").glob("*.npz"))) == 1
+    again = PrefixStore(tmp_path / "heads")
+    assert LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 4), store=again).name_logprobs(
+        query, cands) == pytest.approx(lp, abs=1e-6)
+    assert again.hits == 1 and again.writes == 0
+    next((tmp_path / "heads").glob("*.npz")).write_bytes(b"not a state")
+    damaged = PrefixStore(tmp_path / "heads")
+    assert LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 4), store=damaged).name_logprobs(
+        query, cands) == pytest.approx(lp, abs=1e-6)
+    assert damaged.misses == 1 and damaged.writes == 1
     whole = LLMReranker(LlamaContext(model, n_ctx=2048, n_seq_max=seq + 1 + len(cands)), keep_head=False)
     lw = whole.name_logprobs(query, cands)
     assert whole.ctx.seq_pos_max(seq) == -1

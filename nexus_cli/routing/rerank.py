@@ -44,22 +44,27 @@ class LLMReranker:
     The prompt's head (the system turn and the user turn up to the first card), the same for every request, is
     decoded on its own once per context and kept on sequence SEQ between decisions (keep_head); a decision decodes
     the rest. The head is decoded apart the first time too: llama.cpp's logits depend on how a prompt is split into
-    decode calls, so a decision must not depend on whether the head was already held."""
+    decode calls, so a decision must not depend on whether the head was already held. With a prefix store the head's
+    state is read back from disk where an earlier process decoded it (a one-shot route), as it was decoded."""
 
     name = "llm"
     SEQ = 1  # the prompt's sequence, its copies after it; sequence 0 keeps argument generation's warm prefix
+    STORE_SUBDIR = "name-choice"  # the prefix store's folder for the prompt's head
     DESC_WORDS = 40
     MAX_PARAMS = 6
     SYSTEM = ("You route a user's request to the one tool that fulfils it. Answer with the tool's name only, exactly "
               "as written in the list.")
 
-    def __init__(self, ctx, index=None, weight: float | None = None, keep_head: bool = True):
+    def __init__(self, ctx, index=None, weight: float | None = None, keep_head: bool = True,
+                 store: PrefixStore | None = None):
         """weight: of the log-probabilities against the retriever's score (score()); None: the one chosen for this
         model (config.LLM_RERANKER_WEIGHTS). keep_head: keep the prompt's head decoded between decisions (False:
-        decode each prompt whole; a benchmark compares the two)."""
+        decode each prompt whole; a benchmark compares the two). store: where the head's decoded state is kept
+        across processes (PrefixStore), or None."""
         self.ctx = ctx
         self.weight = llm_reranker_weight(ctx.model.name) if weight is None else float(weight)
         self.keep_head = keep_head
+        self.store = store
         self._end = None
         self._head: list[int] | None = None  # the tokens every prompt starts with (_head_tokens)
         self._head_held = False  # is the head decoded on sequence SEQ (checked against the cache before use)
@@ -109,12 +114,28 @@ class LLMReranker:
             return 0
         n = len(head)
         if not (self._head_held and ctx.seq_pos_max(self.SEQ) == n - 1):  # emptied or overwritten elsewhere
-            ctx.seq_rm(self.SEQ)
             self._head_held = False
-            ctx.decode(head, 0, seq_id=self.SEQ, logits_last=False)
+            self._load_head(head)
             self._head_held = True
         ctx.decode(prompt[n:], n, seq_id=self.SEQ)
         return n
+
+    def _load_head(self, head: list[int]) -> None:
+        """Put the head on sequence SEQ: read back from the store, else decoded (and stored)."""
+        from ..adapters.llama import log_softmax  # here: routing that never reranks never loads the LLM adapter
+
+        ctx, n = self.ctx, len(head)
+        key = PrefixStore.key(ctx, "name choice head: " + " ".join(map(str, head))) if self.store else None
+        if key is not None:
+            hit = self.store.get(key)
+            if hit is not None:
+                if hit[2] == n and ctx.try_state_seq_set(hit[0], self.SEQ) and ctx.seq_pos_max(self.SEQ) == n - 1:
+                    return
+                self.store.discard(key)  # refused, or not this head: decoded again below
+        ctx.seq_rm(self.SEQ)
+        ctx.decode(head, 0, seq_id=self.SEQ, logits_last=key is not None)
+        if key is not None:  # the store's entries carry the next-token distribution; the head's is kept with it
+            self.store.put(key, (ctx.state_seq_get(self.SEQ), log_softmax(ctx.logits()).astype(np.float16), n))
 
     def _end_tokens(self) -> list[int]:
         """The tokens that end the assistant's turn (Qwen's <|im_end|>; a newline where the template has none)."""

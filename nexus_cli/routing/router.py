@@ -205,14 +205,16 @@ class Router:
 
     def reranker(self):
         if self._reranker is None and self._reranker_name != "none":
+            # the name choice's prompt head has a folder of its own (each folder has its own cap)
+            head_store = PrefixStore.default(LLMReranker.STORE_SUBDIR) if self.config.prefix_store else None
             if self._reranker_name == "llm":
-                self._reranker = LLMReranker(self.rerank_llm())
+                self._reranker = LLMReranker(self.rerank_llm(), store=head_store)
             else:
                 store = PrefixStore.default() if self.config.prefix_store else None
                 likelihood_llm = self.rerank_llm() if self._reranker_name == "likelihood" else self._cascade_llm()
                 likelihood = LikelihoodReranker(likelihood_llm, mask_values=self.config.rerank_masking, store=store)
                 self._reranker = likelihood if self._reranker_name == "likelihood" else \
-                    CascadeReranker(likelihood, lambda: LLMReranker(self.rerank_llm()))
+                    CascadeReranker(likelihood, lambda: LLMReranker(self.rerank_llm(), store=head_store))
         return self._reranker
 
     def _cascade_llm(self):

@@ -11,6 +11,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py chooser-k results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --head-cache
     python benchmarks/rerank_features.py head-cache results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --likelihood-k 3
+    python benchmarks/rerank_features.py likelihood-k results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -39,6 +41,13 @@ With `--head-cache`, only the requests where `nexus route` asks the name choice 
 CascadeReranker.CHOICE_K cards as the cascade asks it, twice, timed, from two contexts of one model: `choice15` with
 each prompt decoded whole, `choice15_head` with the prompt's shared head kept decoded between decisions
 (LLMReranker.keep_head). `head-cache` then prints the cascade, gated, with each, and the median time both ways.
+
+With `--likelihood-k N`, every request `nexus route` escalates gets the likelihood over the first 4 candidates
+(`ll05_4`) and over the first N (`ll05_n`), each from its own call and timed with the candidates' prefixes already
+decoded (as in a warm router; the two calls alternate which goes first), and the name choice over the first
+CascadeReranker.CHOICE_K cards (`choice15`, as shipped) where either would make the cascade ask it.
+`likelihood-k` then prints the cascade, gated, with each: top-1 and top-3 per query set, paired, and the likelihood
+stage's median time both ways.
 
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
@@ -134,7 +143,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
-         chooser_k: int | None = None, head_cache: bool = False) -> Path:
+         chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -144,7 +153,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders or chooser_k:
+    if orders or chooser_k or likelihood_k:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     if head_cache:  # one model, two contexts: the prompt decoded whole, and its head kept between decisions
         large = LlamaModel(CHOOSERS["choice15"])
@@ -152,7 +161,8 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
-                          choice_k=CascadeReranker.CHOICE_K if head_cache else None,
+                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k else None,
+                          likelihood_k=likelihood_k,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -195,6 +205,18 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                 t1 = time.perf_counter()
                 row[key] = chooser.name_logprobs(request, cards, context) if asked else None
                 row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
+        elif likelihood_k:  # every escalated request: the likelihood over 4 and over N, warm, timed
+            if escalated(row, float(router.tau)):
+                scored = likelihood.scored_text(request)
+                for key, cards in (("ll05_4", head[:4]), ("ll05_n", head[:likelihood_k]))[::1 if n % 2 else -1]:
+                    t1 = time.perf_counter()
+                    row[key] = likelihood.log_likelihoods(scored, cards)  # prefixes decoded above (ll05)
+                    row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000
+                asked = cascade_asks(row["ll05_4"], None, 0.0) or cascade_asks(row["ll05_n"], None, 0.0)
+                row["choice15"] = choosers["choice15"].name_logprobs(
+                    request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history"))) if asked else None
+            else:
+                row.update(ll05_4=None, ll05_n=None, ll05_4_ms=None, ll05_n_ms=None, choice15=None)
         elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
             asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
             context = routing_context(q.get("history"))
@@ -373,6 +395,52 @@ def head_cache_report(path: Path) -> None:
               f"per request {ratio:.2f}x as fast")
 
 
+def cascade_order(r: dict, ll, choice_k: int) -> list[int]:
+    """The cascade's ranking of a dumped request's candidates (CascadeReranker.score, then the router's stable sort)
+    with the likelihood scores `ll` over its first len(ll): the name choice's (r["choice15"], over the first
+    choice_k) where the likelihood's first is not the retriever's, else the reciprocal-rank fusion; the candidates
+    the judge did not read after, in the retriever's order."""
+    n = len(r["cands"])
+    if int(np.argmax(ll)) != 0:
+        c = np.asarray(r["choice15"], dtype=np.float64)
+        head = np.asarray(r["retriever"][:choice_k]) + 0.1 * (c - c.max())
+    else:
+        head = np.asarray(rrf_fuse(r["retriever"][:len(ll)], list(ll), 60))
+    return [int(i) for i in np.argsort(-head, kind="stable")] + list(range(len(head), n))
+
+
+def likelihood_k_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, with its likelihood over the first 4
+    candidates (as shipped before) against over the first N: top-1 per query set and top-3, paired; how often the name
+    choice is asked; the likelihood stage's median time both ways (one process, warm, alternating)."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, n, ck = (doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["likelihood_k"],
+                        doc["params"]["choice_k"])
+
+    def order(r, short: bool) -> list[int]:
+        if not escalated(r, tau):
+            return list(range(len(r["cands"])))  # the fast path: no reranker
+        return cascade_order(r, r["ll05_n" if short else "ll05_4"], ck)
+
+    up = [r for r in rows if escalated(r, tau)]
+    ask4 = sum(cascade_asks(r["ll05_4"], None, 0.0) for r in up)
+    askn = sum(cascade_asks(r["ll05_n"], None, 0.0) for r in up)
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}; the name choice asked on {ask4} "
+          f"with the likelihood over 4, {askn} over {n}")
+    paired_by_kind(rows, lambda r, short: order(r, short)[0], "over 4", f"over {n}")
+    top3 = {short: np.array([any(r["cands"][i] in r["gold"] for i in order(r, short)[:3]) for r in rows])
+            for short in (False, True)}
+    fixed, broken = int((top3[True] & ~top3[False]).sum()), int((~top3[True] & top3[False]).sum())
+    print(f"  top-3 ({len(rows)}): over 4 {top3[False].sum()}, over {n} {top3[True].sum()}, {fixed} fixed / "
+          f"{broken} broken")
+    if up:
+        four = float(np.median([r["ll05_4_ms"] for r in up]))
+        short = float(np.median([r["ll05_n_ms"] for r in up]))
+        ratio = float(np.median([r["ll05_4_ms"] / r["ll05_n_ms"] for r in up]))
+        print(f"  the likelihood stage, median over {len(up)} (warm): over 4 {four:.0f} ms, over {n} {short:.0f} ms; "
+              f"per request {ratio:.2f}x as fast")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -392,6 +460,8 @@ def main() -> None:
     d.add_argument("--head-cache", action="store_true",
                    help="the 1.5B name choice with its prompt decoded whole and with its head kept, timed, where the "
                         "cascade asks it")
+    d.add_argument("--likelihood-k", type=int, default=None,
+                   help="the 0.5B likelihood over the first 4 and over the first N, timed, where the gate escalates")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -404,10 +474,12 @@ def main() -> None:
     c.add_argument("file")
     hc = sub.add_parser("head-cache")
     hc.add_argument("file")
+    lk = sub.add_parser("likelihood-k")
+    lk.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache))
+                   a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -416,6 +488,8 @@ def main() -> None:
         chooser_k_report(Path(a.file))
     elif a.cmd == "head-cache":
         head_cache_report(Path(a.file))
+    elif a.cmd == "likelihood-k":
+        likelihood_k_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -699,10 +699,10 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
 
 
 def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
-    """CascadeReranker: the likelihood reads the first four candidates; where the request is most likely after the
-    retriever's first, its reciprocal-rank fusion stands (the fifth candidate after the four, the name choice never
-    asked); where it is most likely after another, the name choice's scores over the first three are the answer, the
-    fourth and fifth after them in the retriever's order."""
+    """CascadeReranker: the likelihood reads the first three candidates; where the request is most likely after the
+    retriever's first, its reciprocal-rank fusion stands (the fourth and fifth candidates after the three in the
+    retriever's order, the name choice never asked); where it is most likely after another, the name choice's scores
+    over the same three are the answer, the fourth and fifth after them in the retriever's order."""
     from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
 
     class Likelihood:
@@ -728,12 +728,13 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
             return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
 
     entries, base = ["a", "b", "c", "d", "e"], [0.9, 0.8, 0.7, 0.6, 0.5]
-    agree, chooser = Likelihood([-1.0, -2.0, -1.5, -3.0]), Chooser()
+    # a fourth candidate the request would be most likely after is not read, so it cannot make the cascade ask
+    agree, chooser = Likelihood([-1.0, -2.0, -1.5, -0.5]), Chooser()
     cascade = CascadeReranker(agree, chooser)
     got = cascade.score("close it", entries, base)
-    assert agree.read == [("CLOSE IT", ["a", "b", "c", "d"])] and chooser.calls == 0 and cascade.asked == 0
-    assert got[:4] == rrf_fuse(base[:4], [-1.0, -2.0, -1.5, -3.0], LikelihoodReranker.RRF_K)
-    assert int(np.argmax(got)) == 0 and got[4] < min(got[:4])
+    assert agree.read == [("CLOSE IT", ["a", "b", "c"])] and chooser.calls == 0 and cascade.asked == 0
+    assert got[:3] == rrf_fuse(base[:3], [-1.0, -2.0, -1.5], LikelihoodReranker.RRF_K)
+    assert int(np.argmax(got)) == 0 and min(got[:3]) > got[3] > got[4]
     disagree = CascadeReranker(Likelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
     got = disagree.score("close it", entries, base, context="earlier")
     assert chooser.calls == 1 and disagree.asked == 1 and int(np.argmax(got)) == 2

@@ -4,8 +4,8 @@
   candidate's description (query likelihood, nothing trained), fused with the retriever's order by reciprocal ranks.
 * `LLMReranker` (`--reranker llm`): the LLM reads the request and the candidates as short cards, and each candidate
   is scored by the probability that the LLM answers with its name.
-* `CascadeReranker` (`--reranker cascade`): the likelihood reranker, and the name choice over the first three
-  candidates only where the likelihood's own first candidate is not the retriever's.
+* `CascadeReranker` (`--reranker cascade`): the likelihood reranker over the first three candidates, and the name
+  choice over them only where the likelihood's own first candidate is not the retriever's.
 """
 
 from __future__ import annotations
@@ -333,10 +333,10 @@ class LikelihoodReranker:
 class CascadeReranker:
     """The likelihood reranker first; the name choice (a larger model, slower) only where the two signals disagree.
 
-    The likelihood reranker scores the first LikelihoodReranker's RERANK_K candidates. Where the request is most
-    likely after the retriever's first candidate, the likelihood reranker's order stands (its reciprocal-rank fusion
-    with the retriever; the candidates after its RERANK_K follow, in the retriever's order). Where it is most likely
-    after another, the name choice decides over the first CHOICE_K candidates (the retriever's score plus its weight
+    The likelihood reranker scores the first LIKELIHOOD_K candidates. Where the request is most likely after the
+    retriever's first candidate, the likelihood reranker's order stands (its reciprocal-rank fusion with the
+    retriever; the candidates after them follow, in the retriever's order). Where it is most likely after another,
+    the name choice decides over the first CHOICE_K candidates (the retriever's score plus its weight
     x the log-probability of each name), as `--reranker llm` would over its own; the candidates after them follow,
     in the retriever's order. Measured in docs/routing.md, "Rerankers"."""
 
@@ -344,6 +344,9 @@ class CascadeReranker:
     # the name choice reads three cards, not five: on the leave-servers-out dev part's written requests the same
     # top-1 (188 of 219) and two more follow-ups, at 1.34x the speed of a name choice (docs/routing.md, "Rerankers")
     CHOICE_K = 3
+    # the likelihood reads as many: a candidate the name choice does not read can no longer win, so a 4th one's only
+    # role was to make the cascade ask it (docs/routing.md, "Rerankers")
+    LIKELIHOOD_K = 3
 
     def __init__(self, likelihood: "LikelihoodReranker", chooser: "LLMReranker | Callable[[], LLMReranker]"):
         """chooser: the name choice, or a function that makes it on first use (so a decision that never asks it
@@ -359,7 +362,7 @@ class CascadeReranker:
         return self._chooser
 
     def score(self, query: str, entries: Sequence, base_scores: Sequence[float], context: str = "") -> list[float]:
-        k = min(len(entries), RERANK_K["likelihood"])
+        k = min(len(entries), self.LIKELIHOOD_K)
         ll = self.likelihood.log_likelihoods(self.likelihood.scored_text(query), entries[:k])
         if int(np.argmax(ll)) != 0:
             self.asked += 1

@@ -13,6 +13,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py head-cache results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --likelihood-k 3
     python benchmarks/rerank_features.py likelihood-k results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --ask-margin
+    python benchmarks/rerank_features.py ask-margin results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -49,6 +51,12 @@ CascadeReranker.CHOICE_K cards (`choice15`, as shipped) where either would make 
 `likelihood-k` then prints the cascade, gated, with each: top-1 and top-3 per query set, paired, and the likelihood
 stage's median time both ways.
 
+With `--ask-margin`, every request `nexus route` escalates gets the likelihood over the first
+CascadeReranker.LIKELIHOOD_K candidates as the cascade calls it (`ll05_3`) and the name choice over the first
+CHOICE_K cards (`choice15`), whatever the likelihood says. `ask-margin` then prints the cascade, gated, asking the
+name choice where the likelihood's score of the retriever's first candidate minus the best other's is below d, for
+each d of ASK_MARGINS (the shipped rule is d = 0), and the decision of results/rerank-features/ask-margin/RULE.txt.
+
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
 reads the request alone; the name choice is then asked only where some weight in PREV_WEIGHTS makes the cascade ask
@@ -84,7 +92,8 @@ from nexus_cli.routing.router import Router, RouterConfig, routing_context  # no
 SUITE = "rerank-features"
 POOL = 10
 CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
-PREV_WEIGHTS = (0.25, 0.5, 1.0)  # the weights `history` compares, fixed before any dump with --prev-request
+PREV_WEIGHTS = (0.25, 0.5, 1.0)
+ASK_MARGINS = (-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3)  # the grid `ask-margin` compares, fixed before its dump  # the weights `history` compares, fixed before any dump with --prev-request
 
 
 def last_user_turn(history) -> str:
@@ -143,7 +152,8 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
-         chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None) -> Path:
+         chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None,
+         ask_margin: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -153,7 +163,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders or chooser_k or likelihood_k:
+    if orders or chooser_k or likelihood_k or ask_margin:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     if head_cache:  # one model, two contexts: the prompt decoded whole, and its head kept between decisions
         large = LlamaModel(CHOOSERS["choice15"])
@@ -161,8 +171,8 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
-                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k else None,
-                          likelihood_k=likelihood_k,
+                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin else None,
+                          likelihood_k=likelihood_k, ask_margin=ask_margin,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -217,6 +227,14 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history"))) if asked else None
             else:
                 row.update(ll05_4=None, ll05_n=None, ll05_4_ms=None, ll05_n_ms=None, choice15=None)
+        elif ask_margin:  # every escalated request: the cascade's likelihood and the name choice, whatever it says
+            if escalated(row, float(router.tau)):
+                row["ll05_3"] = likelihood.log_likelihoods(likelihood.scored_text(request),
+                                                           head[:CascadeReranker.LIKELIHOOD_K])
+                row["choice15"] = choosers["choice15"].name_logprobs(
+                    request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history")))
+            else:
+                row.update(ll05_3=None, choice15=None)
         elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
             asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
             context = routing_context(q.get("history"))
@@ -441,6 +459,51 @@ def likelihood_k_report(path: Path) -> None:
               f"per request {ratio:.2f}x as fast")
 
 
+def ask_margin_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, asking the name choice where the likelihood's
+    first-candidate margin is below d, for each d of ASK_MARGINS: top-1 (all, follow-ups), paired against d = 0, and
+    the asks; then the rule's decision (results/rerank-features/ask-margin/RULE.txt)."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+
+    def margin(r) -> float:
+        ll = r["ll05_3"]
+        return float(ll[0] - max(ll[1:])) if len(ll) > 1 else float("inf")
+
+    def pick(r, d: float) -> int:
+        if not escalated(r, tau):
+            return 0  # the fast path: no reranker
+        if margin(r) < d:
+            c = np.asarray(r["choice15"], dtype=np.float64)
+            return int(np.argmax(np.asarray(r["retriever"][:ck]) + 0.1 * (c - c.max())))
+        return int(np.argmax(rrf_fuse(r["retriever"][:len(r["ll05_3"])], r["ll05_3"], 60)))
+
+    up = [r for r in rows if escalated(r, tau)]
+    follow = np.array([r["follow_up"] for r in rows])
+    hits = {d: np.array([r["cands"][pick(r, d)] in r["gold"] for r in rows]) for d in ASK_MARGINS}
+    asks = {d: sum(margin(r) < d for r in up) for d in ASK_MARGINS}
+    base = hits[0.0]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}")
+    net = {}
+    for d in ASK_MARGINS:
+        h = hits[d]
+        fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+        net[d] = (fixed - broken, int(h[follow].sum()) - int(base[follow].sum()))
+        print(f"  d = {d:+.1f}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken; follow-ups "
+              f"{h[follow].sum()} of {follow.sum()}; the name choice asked on {asks[d]} of {len(up)}")
+    best = max(ASK_MARGINS, key=lambda d: (int(hits[d].sum()), -asks[d]))
+    if net[best][0] >= 2 and net[best][1] >= 0:
+        print(f"  the rule: d = {best:+.1f} (step 1: {net[best][0]} more right, follow-ups {net[best][1]:+d})")
+        return
+    faster = [d for d in ASK_MARGINS if d < 0 and net[d][0] >= 0 and net[d][1] >= 0 and asks[d] <= 0.8 * asks[0.0]]
+    if faster:
+        d = min(faster)
+        print(f"  the rule: d = {d:+.1f} (step 2: top-1 {net[d][0]:+d}, follow-ups {net[d][1]:+d}, "
+              f"{asks[d]} asks against {asks[0.0]})")
+    else:
+        print("  the rule: nothing changes (step 3)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -462,6 +525,8 @@ def main() -> None:
                         "cascade asks it")
     d.add_argument("--likelihood-k", type=int, default=None,
                    help="the 0.5B likelihood over the first 4 and over the first N, timed, where the gate escalates")
+    d.add_argument("--ask-margin", action="store_true",
+                   help="the cascade's likelihood and the 1.5B name choice on every escalated request (see ask-margin)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -476,10 +541,13 @@ def main() -> None:
     hc.add_argument("file")
     lk = sub.add_parser("likelihood-k")
     lk.add_argument("file")
+    am = sub.add_parser("ask-margin")
+    am.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
-                   a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k))
+                   a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k,
+                   a.ask_margin))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -490,6 +558,8 @@ def main() -> None:
         head_cache_report(Path(a.file))
     elif a.cmd == "likelihood-k":
         likelihood_k_report(Path(a.file))
+    elif a.cmd == "ask-margin":
+        ask_margin_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

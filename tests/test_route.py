@@ -701,8 +701,9 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
 def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
     """CascadeReranker: the likelihood reads the first three candidates; where the request is most likely after the
     retriever's first, its reciprocal-rank fusion stands (the fourth and fifth candidates after the three in the
-    retriever's order, the name choice never asked); where it is most likely after another, the name choice's scores
-    over the same three are the answer, the fourth and fifth after them in the retriever's order."""
+    retriever's order, the name choice never asked); where it is most likely after another, or after the first by
+    less than ASK_MARGIN, the name choice's scores over the same three are the answer, the fourth and fifth after
+    them in the retriever's order."""
     from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
 
     class Likelihood:
@@ -735,6 +736,10 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
     assert agree.read == [("CLOSE IT", ["a", "b", "c"])] and chooser.calls == 0 and cascade.asked == 0
     assert got[:3] == rrf_fuse(base[:3], [-1.0, -2.0, -1.5], LikelihoodReranker.RRF_K)
     assert int(np.argmax(got)) == 0 and min(got[:3]) > got[3] > got[4]
+    # the retriever's first ahead by less than ASK_MARGIN a token: asked too
+    narrow = CascadeReranker(Likelihood([-1.0, -1.0 - CascadeReranker.ASK_MARGIN / 2, -1.5]), chooser)
+    assert int(np.argmax(narrow.score("close it", entries, base))) == 2 and narrow.asked == 1 and chooser.calls == 1
+    chooser.calls = 0
     disagree = CascadeReranker(Likelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
     got = disagree.score("close it", entries, base, context="earlier")
     assert chooser.calls == 1 and disagree.asked == 1 and int(np.argmax(got)) == 2

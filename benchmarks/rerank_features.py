@@ -341,6 +341,19 @@ def paired_by_kind(rows: list[dict], pick, base_label: str, cand_label: str) -> 
               f"{sign_test(fixed, broken):.3f}")
 
 
+def paired_times(rows: list[dict], base_key: str, cand_key: str, what: str, base_label: str, cand_label: str,
+                 note: str = "") -> None:
+    """The median time of two ways of one step over the same requests (timed one after the other in one process),
+    and the median of the per-request ratio."""
+    if not rows:
+        return
+    base = float(np.median([r[base_key] for r in rows]))
+    cand = float(np.median([r[cand_key] for r in rows]))
+    ratio = float(np.median([r[base_key] / r[cand_key] for r in rows]))
+    print(f"  {what} over {len(rows)}{note}: {base_label} {base:.0f} ms, {cand_label} {cand:.0f} ms; "
+          f"per request {ratio:.2f}x as fast")
+
+
 def orders_report(path: Path) -> None:
     """The cascade, gated by the index's margin gate as `nexus route` is, with the name choice read in the retriever's
     order (as shipped) against the mean of that and the reverse order, per query set; paired."""
@@ -380,12 +393,7 @@ def chooser_k_report(path: Path) -> None:
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on {len(asked)}")
     paired_by_kind(rows, pick, f"{k} cards", f"the first {n}")
     timed = [r for r in rows if r["choice15_ms"] is not None]
-    if timed:
-        whole = float(np.median([r["choice15_ms"] for r in timed]))
-        part = float(np.median([r["choice15_first_ms"] for r in timed]))
-        ratio = float(np.median([r["choice15_ms"] / r["choice15_first_ms"] for r in timed]))
-        print(f"  a name choice, median over {len(timed)}: {k} cards {whole:.0f} ms, the first {n} {part:.0f} ms; "
-              f"per request {ratio:.2f}x as fast")
+    paired_times(timed, "choice15_ms", "choice15_first_ms", "a name choice, median", f"{k} cards", f"the first {n}")
 
 
 def head_cache_report(path: Path) -> None:
@@ -405,12 +413,7 @@ def head_cache_report(path: Path) -> None:
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}, the name choice asked on {len(asked)}"
           f" (over {n} cards)")
     paired_by_kind(rows, pick, "whole prompt", "head kept")
-    if asked:
-        whole = float(np.median([r["choice15_ms"] for r in asked]))
-        held = float(np.median([r["choice15_head_ms"] for r in asked]))
-        ratio = float(np.median([r["choice15_ms"] / r["choice15_head_ms"] for r in asked]))
-        print(f"  a name choice, median over {len(asked)}: whole prompt {whole:.0f} ms, head kept {held:.0f} ms; "
-              f"per request {ratio:.2f}x as fast")
+    paired_times(asked, "choice15_ms", "choice15_head_ms", "a name choice, median", "whole prompt", "head kept")
 
 
 def cascade_order(r: dict, ll, choice_k: int) -> list[int]:
@@ -451,12 +454,7 @@ def likelihood_k_report(path: Path) -> None:
     fixed, broken = int((top3[True] & ~top3[False]).sum()), int((~top3[True] & top3[False]).sum())
     print(f"  top-3 ({len(rows)}): over 4 {top3[False].sum()}, over {n} {top3[True].sum()}, {fixed} fixed / "
           f"{broken} broken")
-    if up:
-        four = float(np.median([r["ll05_4_ms"] for r in up]))
-        short = float(np.median([r["ll05_n_ms"] for r in up]))
-        ratio = float(np.median([r["ll05_4_ms"] / r["ll05_n_ms"] for r in up]))
-        print(f"  the likelihood stage, median over {len(up)} (warm): over 4 {four:.0f} ms, over {n} {short:.0f} ms; "
-              f"per request {ratio:.2f}x as fast")
+    paired_times(up, "ll05_4_ms", "ll05_n_ms", "the likelihood stage, median", "over 4", f"over {n}", " (warm)")
 
 
 def ask_margin_report(path: Path) -> None:

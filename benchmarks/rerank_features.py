@@ -15,6 +15,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py likelihood-k results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --ask-margin
     python benchmarks/rerank_features.py ask-margin results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --ask-time
+    python benchmarks/rerank_features.py ask-time results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -56,6 +58,13 @@ CascadeReranker.LIKELIHOOD_K candidates as the cascade calls it (`ll05_3`) and t
 CHOICE_K cards (`choice15`), whatever the likelihood says. `ask-margin` then prints the cascade, gated, asking the
 name choice where the likelihood's score of the retriever's first candidate minus the best other's is below d, for
 each d of ASK_MARGINS (the shipped rule is d = 0), and the decision of results/rerank-features/ask-margin/RULE.txt.
+
+With `--ask-time`, every request `nexus route` escalates gets the likelihood over the first 3 candidates (`ll05_3`)
+and over the first 2 (`ll05_2`), each from its own call, warm (the candidates' prefixes decoded before), the two
+calls alternating which goes first, and the name choice over the first CascadeReranker.CHOICE_K cards (`choice15`),
+whatever the likelihood says, each timed. `ask-time` then prints, gated, for each width K (2, 3) and each d of
+ASK_MARGINS: top-1 (all, follow-ups), the asks, the escalated decision's modelled median (the likelihood's time at K,
+plus the name choice's where it is asked), and the decision of results/rerank-features/ask-time/RULE.txt.
 
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
@@ -153,7 +162,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
          chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None,
-         ask_margin: bool = False) -> Path:
+         ask_margin: bool = False, ask_time: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -163,7 +172,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders or chooser_k or likelihood_k or ask_margin:
+    if orders or chooser_k or likelihood_k or ask_margin or ask_time:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     if head_cache:  # one model, two contexts: the prompt decoded whole, and its head kept between decisions
         large = LlamaModel(CHOOSERS["choice15"])
@@ -171,8 +180,9 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
-                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin else None,
-                          likelihood_k=likelihood_k, ask_margin=ask_margin,
+                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time
+                          else None,
+                          likelihood_k=likelihood_k, ask_margin=ask_margin, ask_time=ask_time,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -235,6 +245,19 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history")))
             else:
                 row.update(ll05_3=None, choice15=None)
+        elif ask_time:  # every escalated request: the likelihood over 3 and over 2, and the name choice, all timed
+            if escalated(row, float(router.tau)):
+                scored = likelihood.scored_text(request)
+                for key, width in (("ll05_3", 3), ("ll05_2", 2))[::1 if n % 2 else -1]:
+                    t1 = time.perf_counter()
+                    row[key] = likelihood.log_likelihoods(scored, head[:width])  # prefixes decoded above (ll05)
+                    row[f"{key}_ms"] = (time.perf_counter() - t1) * 1000
+                t1 = time.perf_counter()
+                row["choice15"] = choosers["choice15"].name_logprobs(
+                    request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history")))
+                row["choice15_ms"] = (time.perf_counter() - t1) * 1000
+            else:
+                row.update(ll05_3=None, ll05_2=None, ll05_3_ms=None, ll05_2_ms=None, choice15=None, choice15_ms=None)
         elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
             asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
             context = routing_context(q.get("history"))
@@ -502,6 +525,53 @@ def ask_margin_report(path: Path) -> None:
         print("  the rule: nothing changes (step 3)")
 
 
+def ask_time_report(path: Path) -> None:
+    """The cascade, gated by the index's margin gate as `nexus route` is, for each likelihood width K (2, 3) and ask
+    margin d of ASK_MARGINS: top-1 (all, follow-ups), paired against K = 3, d = +0.1 (as shipped when the dump's rule
+    was written), how often the name choice is asked, and the escalated decision's modelled median (per escalated
+    request, the likelihood's time at K plus the name choice's where it is asked); then the decision of
+    results/rerank-features/ask-time/RULE.txt."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+    up = [r for r in rows if escalated(r, tau)]
+    follow = np.array([r["follow_up"] for r in rows])
+
+    def margin(r, k: int) -> float:
+        ll = r[f"ll05_{k}"]
+        return float(ll[0] - max(ll[1:])) if len(ll) > 1 else float("inf")
+
+    def pick(r, k: int, d: float) -> int:
+        if not escalated(r, tau):
+            return 0  # the fast path: no reranker
+        if margin(r, k) < d:
+            c = np.asarray(r["choice15"], dtype=np.float64)
+            return int(np.argmax(np.asarray(r["retriever"][:ck]) + 0.1 * (c - c.max())))
+        return int(np.argmax(rrf_fuse(r["retriever"][:len(r[f"ll05_{k}"])], r[f"ll05_{k}"], 60)))
+
+    grid = [(k, d) for k in (3, 2) for d in ASK_MARGINS]
+    hits = {s: np.array([r["cands"][pick(r, *s)] in r["gold"] for r in rows]) for s in grid}
+    asks = {s: sum(margin(r, s[0]) < s[1] for r in up) for s in grid}
+    median = {s: float(np.median([r[f"ll05_{s[0]}_ms"] + (r["choice15_ms"] if margin(r, s[0]) < s[1] else 0.0)
+                                  for r in up])) for s in grid}
+    base = hits[(3, 0.1)]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}; median times over them: likelihood "
+          f"over 3 {np.median([r['ll05_3_ms'] for r in up]):.0f} ms, over 2 "
+          f"{np.median([r['ll05_2_ms'] for r in up]):.0f} ms, name choice {np.median([r['choice15_ms'] for r in up]):.0f} ms")
+    for s in grid:
+        h = hits[s]
+        fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+        print(f"  K = {s[0]}, d = {s[1]:+.1f}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken "
+              f"against K = 3, d = +0.1; follow-ups {h[follow].sum()} of {follow.sum()}; the name choice asked on "
+              f"{asks[s]} of {len(up)} ({asks[s] / len(up) * 100:.0f} %); escalated median {median[s]:.0f} ms")
+    admissible = [s for s in grid if asks[s] <= 0.4 * len(up)]
+    if not admissible:
+        print("  the rule: no setting asks on at most 40 % of the escalated requests; nothing changes")
+        return
+    best = max(admissible, key=lambda s: (int(hits[s].sum()), int(hits[s][follow].sum()), -median[s]))
+    print(f"  the rule: K = {best[0]}, d = {best[1]:+.1f} (top-1 {hits[best].sum()}, follow-ups "
+          f"{hits[best][follow].sum()}, asks {asks[best]} of {len(up)}, escalated median {median[best]:.0f} ms)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -525,6 +595,9 @@ def main() -> None:
                    help="the 0.5B likelihood over the first 4 and over the first N, timed, where the gate escalates")
     d.add_argument("--ask-margin", action="store_true",
                    help="the cascade's likelihood and the 1.5B name choice on every escalated request (see ask-margin)")
+    d.add_argument("--ask-time", action="store_true",
+                   help="the likelihood over 3 and over 2 and the 1.5B name choice, timed, on every escalated request "
+                        "(see ask-time)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -541,11 +614,13 @@ def main() -> None:
     lk.add_argument("file")
     am = sub.add_parser("ask-margin")
     am.add_argument("file")
+    at = sub.add_parser("ask-time")
+    at.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
                    a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k,
-                   a.ask_margin))
+                   a.ask_margin, a.ask_time))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -558,6 +633,8 @@ def main() -> None:
         likelihood_k_report(Path(a.file))
     elif a.cmd == "ask-margin":
         ask_margin_report(Path(a.file))
+    elif a.cmd == "ask-time":
+        ask_time_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -53,8 +53,8 @@ CascadeReranker.CHOICE_K cards (`choice15`, as shipped) where either would make 
 `likelihood-k` then prints the cascade, gated, with each: top-1 and top-3 per query set, paired, and the likelihood
 stage's median time both ways.
 
-With `--ask-margin`, every request `nexus route` escalates gets the likelihood over the first
-CascadeReranker.LIKELIHOOD_K candidates as the cascade calls it (`ll05_3`) and the name choice over the first
+With `--ask-margin`, every request `nexus route` escalates gets the likelihood over the first 3 candidates (as the
+cascade called it when its rule was written; `ll05_3`) and the name choice over the first
 CHOICE_K cards (`choice15`), whatever the likelihood says. `ask-margin` then prints the cascade, gated, asking the
 name choice where the likelihood's score of the retriever's first candidate minus the best other's is below d, for
 each d of ASK_MARGINS (the shipped rule is d = 0), and the decision of results/rerank-features/ask-margin/RULE.txt.
@@ -239,8 +239,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                 row.update(ll05_4=None, ll05_n=None, ll05_4_ms=None, ll05_n_ms=None, choice15=None)
         elif ask_margin:  # every escalated request: the cascade's likelihood and the name choice, whatever it says
             if escalated(row, float(router.tau)):
-                row["ll05_3"] = likelihood.log_likelihoods(likelihood.scored_text(request),
-                                                           head[:CascadeReranker.LIKELIHOOD_K])
+                row["ll05_3"] = likelihood.log_likelihoods(likelihood.scored_text(request), head[:3])
                 row["choice15"] = choosers["choice15"].name_logprobs(
                     request, head[:CascadeReranker.CHOICE_K], routing_context(q.get("history")))
             else:

@@ -699,11 +699,11 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
 
 
 def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
-    """CascadeReranker: the likelihood reads the first three candidates; where the request is most likely after the
-    retriever's first, its reciprocal-rank fusion stands (the fourth and fifth candidates after the three in the
+    """CascadeReranker: the likelihood reads the first LIKELIHOOD_K (two) candidates; where the request is most likely
+    after the retriever's first, its reciprocal-rank fusion stands (the other candidates after the two in the
     retriever's order, the name choice never asked); where it is most likely after another, or after the first by
-    less than ASK_MARGIN, the name choice's scores over the same three are the answer, the fourth and fifth after
-    them in the retriever's order."""
+    less than ASK_MARGIN, the name choice's scores over the first CHOICE_K (three) are the answer, the fourth and
+    fifth after them in the retriever's order."""
     from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
 
     class Likelihood:
@@ -729,13 +729,14 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
             return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
 
     entries, base = ["a", "b", "c", "d", "e"], [0.9, 0.8, 0.7, 0.6, 0.5]
-    # a fourth candidate the request would be most likely after is not read, so it cannot make the cascade ask
-    agree, chooser = Likelihood([-1.0, -2.0, -1.5, -0.5]), Chooser()
+    assert (CascadeReranker.LIKELIHOOD_K, CascadeReranker.CHOICE_K) == (2, 3)
+    # a third candidate the request would be most likely after is not read, so it cannot make the cascade ask
+    agree, chooser = Likelihood([-1.0, -2.0, -0.5]), Chooser()
     cascade = CascadeReranker(agree, chooser)
     got = cascade.score("close it", entries, base)
-    assert agree.read == [("CLOSE IT", ["a", "b", "c"])] and chooser.calls == 0 and cascade.asked == 0
-    assert got[:3] == rrf_fuse(base[:3], [-1.0, -2.0, -1.5], LikelihoodReranker.RRF_K)
-    assert int(np.argmax(got)) == 0 and min(got[:3]) > got[3] > got[4]
+    assert agree.read == [("CLOSE IT", ["a", "b"])] and chooser.calls == 0 and cascade.asked == 0
+    assert got[:2] == rrf_fuse(base[:2], [-1.0, -2.0], LikelihoodReranker.RRF_K)
+    assert int(np.argmax(got)) == 0 and min(got[:2]) > got[2] > got[3] > got[4]
     # the retriever's first ahead by less than ASK_MARGIN a token: asked too
     narrow = CascadeReranker(Likelihood([-1.0, -1.0 - CascadeReranker.ASK_MARGIN / 2, -1.5]), chooser)
     assert int(np.argmax(narrow.score("close it", entries, base))) == 2 and narrow.asked == 1 and chooser.calls == 1

@@ -4,8 +4,8 @@
   candidate's description (query likelihood, nothing trained), fused with the retriever's order by reciprocal ranks.
 * `LLMReranker` (`--reranker llm`): the LLM reads the request and the candidates as short cards, and each candidate
   is scored by the probability that the LLM answers with its name.
-* `CascadeReranker` (`--reranker cascade`): the likelihood reranker over the first three candidates, and the name
-  choice over them only where the likelihood does not clearly prefer the retriever's first candidate.
+* `CascadeReranker` (`--reranker cascade`): the likelihood reranker over the first two candidates, and the name
+  choice over the first three only where the likelihood does not clearly prefer the retriever's first candidate.
 """
 
 from __future__ import annotations
@@ -345,12 +345,12 @@ class CascadeReranker:
     # the name choice reads three cards, not five: on the leave-servers-out dev part's written requests the same
     # top-1 (188 of 219) and two more follow-ups, at 1.34x the speed of a name choice (docs/routing.md, "Rerankers")
     CHOICE_K = 3
-    # the likelihood reads as many: a candidate the name choice does not read can no longer win, so a 4th one's only
-    # role was to make the cascade ask it (docs/routing.md, "Rerankers")
-    LIKELIHOOD_K = 3
-    # ask also where the likelihood prefers the retriever's first by less than 0.1 nats a token: on the dev servers'
-    # written requests 190 against 188 of 219 right, the name choice asked on 72 against 53 of 154 escalated
-    # (docs/routing.md, "Rerankers")
+    # the likelihood reads two, chosen with ASK_MARGIN weighing the escalated decision's time: on the dev servers'
+    # written requests 189 of 219 right against 190 over three, the name choice asked on 60 against 72 of 154
+    # escalated, the median escalated decision 440 against 926 ms (docs/routing.md, "Rerankers")
+    LIKELIHOOD_K = 2
+    # ask also where the likelihood prefers the retriever's first by less than 0.1 nats a token (docs/routing.md,
+    # "Rerankers")
     ASK_MARGIN = 0.1
 
     def __init__(self, likelihood: "LikelihoodReranker", chooser: "LLMReranker | Callable[[], LLMReranker]"):

@@ -747,6 +747,45 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
     assert chooser.read == ["a", "b", "c"] and len(got) == 5 and min(got[:3]) > got[3] > got[4]
 
 
+def test_a_route_the_cascade_reranked_says_which_of_its_judges_decided(forge_dir, embedder):
+    """RouteResult.name_choice: True where the cascade asked its name choice (the slow kind of decision), False where
+    its likelihood decided, absent from the JSON where the cascade did not rerank."""
+    from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, LLMReranker
+
+    class Likelihood:
+        RRF_K = LikelihoodReranker.RRF_K
+
+        def __init__(self, ll):
+            self.ll = ll
+
+        def scored_text(self, query):
+            return query
+
+        def log_likelihoods(self, text, entries):
+            return self.ll[: len(entries)]
+
+    class Chooser(LLMReranker):
+        def __init__(self):
+            pass
+
+        def score(self, query, entries, base, context=""):
+            return list(base)
+
+    r = Router(forge_dir, RouterConfig(reranker="none", rerank_k=4), embedder=embedder)
+    r.tau = 10.0  # every decision escalates
+    r._reranker_name = "cascade"
+    decided = {}
+    for name, ll in (("likelihood", [-1.0, -3.0]), ("name choice", [-3.0, -1.0])):
+        r._reranker = CascadeReranker(Likelihood(ll), Chooser())
+        res = r.route("list open issues", with_args=False)
+        assert res.reranker == "cascade" and res.as_json()["name_choice"] is res.name_choice
+        decided[name] = res.name_choice
+    assert decided == {"likelihood": False, "name choice": True}
+    r.tau = -10.0  # the fast path: nothing reranked, nothing said
+    res = r.route("list open issues", with_args=False)
+    assert res.name_choice is None and "name_choice" not in res.as_json()
+
+
 def test_the_cascade_is_a_reranker_the_router_and_the_cli_accept(forge_dir, embedder):
     from nexus_cli.config import LIKELIHOOD_RERANKER_LLM, LLM_RERANKER_MODEL
 

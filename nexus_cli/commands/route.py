@@ -153,12 +153,16 @@ def _render(query: str, res, with_args: bool) -> None:
     head = Text.assemble(("→ ", "bold"), (f"{res.server}/", "dim"), (res.tool, "bold green"))
     gate = res.gate
     margin = "none (no rival tool)" if gate["margin"] is None else f"{gate['margin']:.4f}"
-    gate_line = Text(
-        f"gate: margin {margin} {'<' if gate['escalated'] else '≥'} τ {gate['tau']:.4f} → "
-        + ((f"escalated to the {res.reranker} reranker" if res.reranker else "below τ, but no reranker is configured")
-           if gate["escalated"] else "auto-routed"),
-        style="yellow" if gate["escalated"] else "cyan",
-    )
+    if not gate["escalated"]:
+        decided = "auto-routed"
+    elif not res.reranker:
+        decided = "below τ, but no reranker is configured"
+    else:
+        decided = f"escalated to the {res.reranker} reranker"
+        if res.name_choice is not None:  # the cascade: which of its two judges decided (the slow one or not)
+            decided += " (its name choice decided)" if res.name_choice else " (its likelihood decided)"
+    gate_line = Text(f"gate: margin {margin} {'<' if gate['escalated'] else '≥'} τ {gate['tau']:.4f} → {decided}",
+                     style="yellow" if gate["escalated"] else "cyan")
     table = Table(title="candidates", show_edge=False, pad_edge=False, expand=False)
     table.add_column("#", justify="right")
     table.add_column("server")

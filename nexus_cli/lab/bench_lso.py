@@ -145,7 +145,8 @@ def run(
                      "top1": picks[0] in gold, "top3": bool(set(picks[:3]) & gold),
                      "top1_interchangeable": picks[0] in loose, "top3_interchangeable": bool(set(picks[:3]) & loose),
                      "set": q.get("set"), "follow_up": bool(q.get("history")), "escalated": res.gate["escalated"],
-                     "reranked": res.reranker is not None, "ms": res.timings_ms["total"]})
+                     "reranked": res.reranker is not None, "name_choice": res.name_choice,
+                     "ms": res.timings_ms["total"]})
         progress.advance(q.get("id") or "")
     if warm:
         _warm_pass(router, qs, rows, progress)

@@ -73,6 +73,8 @@ class RouteResult:
     id: Any = None
     # the same tool on other servers (equal name, description and parameters): the request cannot prefer one of them
     interchangeable: list[dict] = field(default_factory=list)
+    # a decision the cascade reranked: whether its name choice decided (True: the slow kind) or its likelihood (False)
+    name_choice: bool | None = None
 
     def as_json(self) -> dict:
         d = {
@@ -87,6 +89,8 @@ class RouteResult:
         }
         if self.reranker is not None:
             d["reranker"] = self.reranker
+        if self.name_choice is not None:
+            d["name_choice"] = self.name_choice
         if self.args_error is not None:
             d["args_error"] = self.args_error
         if self.guessed is not None:
@@ -349,6 +353,7 @@ class Router:
         t_r = time.perf_counter()
         rerank_scores: dict[int, float] = {}
         ranked = [int(i) for i in order]
+        name_choice = None
         if do_rerank:
             # the reranker judges distinct tools: a copy of a tool on another server (interchangeable) would take a
             # slot and score the same; copies follow their tool, with its score
@@ -358,7 +363,11 @@ class Router:
                     break
                 if not any(i in self.index.interchangeable(c) for c in cand):
                     cand.append(i)
+            reranker = self.reranker()
+            asked = reranker.asked if isinstance(reranker, CascadeReranker) else None  # it counts its name choices
             rs = self._rerank(query, [self.index.tools[i] for i in cand], [scores[i] for i in cand], history)
+            if asked is not None:
+                name_choice = reranker.asked > asked
             rorder = np.argsort(-np.asarray(rs), kind="stable")
             head: list[int] = []
             for j in rorder:
@@ -390,7 +399,7 @@ class Router:
                   "escalated": bool(escalate)},
             signature=entry.signature, timings_ms=timings,
             reranker=self._reranker_name if do_rerank else None, args_error=args_err, guessed=guessed,
-            interchangeable=[{"server": t.server, "tool": t.name} for t in twins],
+            interchangeable=[{"server": t.server, "tool": t.name} for t in twins], name_choice=name_choice,
         )
 
     # ------------------------------------------------------------------------------------------- arguments

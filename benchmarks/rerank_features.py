@@ -101,8 +101,8 @@ from nexus_cli.routing.router import Router, RouterConfig, routing_context  # no
 SUITE = "rerank-features"
 POOL = 10
 CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
-PREV_WEIGHTS = (0.25, 0.5, 1.0)
-ASK_MARGINS = (-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3)  # the grid `ask-margin` compares, fixed before its dump  # the weights `history` compares, fixed before any dump with --prev-request
+PREV_WEIGHTS = (0.25, 0.5, 1.0)  # the weights `history` compares, fixed before any dump with --prev-request
+ASK_MARGINS = (-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3)  # the grid `ask-margin` and `ask-time` compare, fixed before dumps
 
 
 def last_user_turn(history) -> str:
@@ -479,29 +479,34 @@ def likelihood_k_report(path: Path) -> None:
     paired_times(up, "ll05_4_ms", "ll05_n_ms", "the likelihood stage, median", "over 4", f"over {n}", " (warm)")
 
 
+def likelihood_margin(ll) -> float:
+    """The likelihood's score of the retriever's first candidate minus the best other's (inf with one candidate)."""
+    return float(ll[0] - max(ll[1:])) if len(ll) > 1 else float("inf")
+
+
+def margin_cascade_pick(r: dict, ll, d: float, tau: float, choice_k: int) -> int:
+    """The cascade's first choice for a dumped request, gated as `nexus route` is, asking the name choice
+    (r["choice15"], over the first choice_k) where likelihood_margin(ll) < d, else the likelihood's reciprocal-rank
+    fusion with the retriever over the first len(ll) (CascadeReranker.score)."""
+    if not escalated(r, tau):
+        return 0  # the fast path: no reranker
+    if likelihood_margin(ll) < d:
+        c = np.asarray(r["choice15"], dtype=np.float64)
+        return int(np.argmax(np.asarray(r["retriever"][:choice_k]) + 0.1 * (c - c.max())))
+    return int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))
+
+
 def ask_margin_report(path: Path) -> None:
     """The cascade, gated by the index's margin gate as `nexus route` is, asking the name choice where the likelihood's
     first-candidate margin is below d, for each d of ASK_MARGINS: top-1 (all, follow-ups), paired against d = 0, and
     the asks; then the rule's decision (results/rerank-features/ask-margin/RULE.txt)."""
     doc = json.loads(Path(path).read_text())
     rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
-
-    def margin(r) -> float:
-        ll = r["ll05_3"]
-        return float(ll[0] - max(ll[1:])) if len(ll) > 1 else float("inf")
-
-    def pick(r, d: float) -> int:
-        if not escalated(r, tau):
-            return 0  # the fast path: no reranker
-        if margin(r) < d:
-            c = np.asarray(r["choice15"], dtype=np.float64)
-            return int(np.argmax(np.asarray(r["retriever"][:ck]) + 0.1 * (c - c.max())))
-        return int(np.argmax(rrf_fuse(r["retriever"][:len(r["ll05_3"])], r["ll05_3"], 60)))
-
     up = [r for r in rows if escalated(r, tau)]
     follow = np.array([r["follow_up"] for r in rows])
-    hits = {d: np.array([r["cands"][pick(r, d)] in r["gold"] for r in rows]) for d in ASK_MARGINS}
-    asks = {d: sum(margin(r) < d for r in up) for d in ASK_MARGINS}
+    hits = {d: np.array([r["cands"][margin_cascade_pick(r, r["ll05_3"], d, tau, ck)] in r["gold"] for r in rows])
+            for d in ASK_MARGINS}
+    asks = {d: sum(likelihood_margin(r["ll05_3"]) < d for r in up) for d in ASK_MARGINS}
     base = hits[0.0]
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}")
     net = {}
@@ -535,23 +540,15 @@ def ask_time_report(path: Path) -> None:
     up = [r for r in rows if escalated(r, tau)]
     follow = np.array([r["follow_up"] for r in rows])
 
-    def margin(r, k: int) -> float:
-        ll = r[f"ll05_{k}"]
-        return float(ll[0] - max(ll[1:])) if len(ll) > 1 else float("inf")
-
-    def pick(r, k: int, d: float) -> int:
-        if not escalated(r, tau):
-            return 0  # the fast path: no reranker
-        if margin(r, k) < d:
-            c = np.asarray(r["choice15"], dtype=np.float64)
-            return int(np.argmax(np.asarray(r["retriever"][:ck]) + 0.1 * (c - c.max())))
-        return int(np.argmax(rrf_fuse(r["retriever"][:len(r[f"ll05_{k}"])], r[f"ll05_{k}"], 60)))
+    def asked(r, k: int, d: float) -> bool:
+        return likelihood_margin(r[f"ll05_{k}"]) < d
 
     grid = [(k, d) for k in (3, 2) for d in ASK_MARGINS]
-    hits = {s: np.array([r["cands"][pick(r, *s)] in r["gold"] for r in rows]) for s in grid}
-    asks = {s: sum(margin(r, s[0]) < s[1] for r in up) for s in grid}
-    median = {s: float(np.median([r[f"ll05_{s[0]}_ms"] + (r["choice15_ms"] if margin(r, s[0]) < s[1] else 0.0)
-                                  for r in up])) for s in grid}
+    hits = {s: np.array([r["cands"][margin_cascade_pick(r, r[f"ll05_{s[0]}"], s[1], tau, ck)] in r["gold"]
+                         for r in rows]) for s in grid}
+    asks = {s: sum(asked(r, *s) for r in up) for s in grid}
+    median = {s: float(np.median([r[f"ll05_{s[0]}_ms"] + (r["choice15_ms"] if asked(r, *s) else 0.0) for r in up]))
+              for s in grid}
     base = hits[(3, 0.1)]
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, escalated {len(up)}; median times over them: likelihood "
           f"over 3 {np.median([r['ll05_3_ms'] for r in up]):.0f} ms, over 2 "

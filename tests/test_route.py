@@ -16,6 +16,7 @@ from nexus_cli.errors import NexusError
 from nexus_cli.registry import load_registries
 from nexus_cli.routing.build import build_index
 from nexus_cli.routing.index import load_index
+from nexus_cli.routing.rerank import LikelihoodReranker
 from nexus_cli.routing.router import Router, RouterConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -698,50 +699,56 @@ def test_a_history_weight_outside_zero_to_one_is_refused():
     assert RouterConfig(history_weight=1.0).history_weight == 1.0
 
 
+class _StubLikelihood:
+    """The cascade's likelihood judge, with fixed scores in the candidates' order; it records what it read."""
+
+    RRF_K = LikelihoodReranker.RRF_K
+
+    def __init__(self, ll):
+        self.ll, self.read = ll, []
+
+    def scored_text(self, query):
+        return query.upper()
+
+    def log_likelihoods(self, text, entries):
+        self.read.append((text, list(entries)))
+        return self.ll[: len(entries)]
+
+
+class _StubChooser:
+    """The cascade's name choice: the retriever's scores, with one unit more for a candidate named "c"."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, query, entries, base, context=""):
+        self.calls += 1
+        self.read = list(entries)
+        return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
+
+
 def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_with_the_retriever():
     """CascadeReranker: the likelihood reads the first LIKELIHOOD_K (two) candidates; where the request is most likely
     after the retriever's first, its reciprocal-rank fusion stands (the other candidates after the two in the
     retriever's order, the name choice never asked); where it is most likely after another, or after the first by
     less than ASK_MARGIN, the name choice's scores over the first CHOICE_K (three) are the answer, the fourth and
     fifth after them in the retriever's order."""
-    from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, rrf_fuse
-
-    class Likelihood:
-        RRF_K = LikelihoodReranker.RRF_K
-
-        def __init__(self, ll):
-            self.ll, self.read = ll, []
-
-        def scored_text(self, query):
-            return query.upper()
-
-        def log_likelihoods(self, text, entries):
-            self.read.append((text, list(entries)))
-            return self.ll[: len(entries)]
-
-    class Chooser:
-        def __init__(self):
-            self.calls = 0
-
-        def score(self, query, entries, base, context=""):
-            self.calls += 1
-            self.read = list(entries)
-            return [b + (1.0 if e == "c" else 0.0) for e, b in zip(entries, base)]
+    from nexus_cli.routing.rerank import CascadeReranker, rrf_fuse
 
     entries, base = ["a", "b", "c", "d", "e"], [0.9, 0.8, 0.7, 0.6, 0.5]
     assert (CascadeReranker.LIKELIHOOD_K, CascadeReranker.CHOICE_K) == (2, 3)
     # a third candidate the request would be most likely after is not read, so it cannot make the cascade ask
-    agree, chooser = Likelihood([-1.0, -2.0, -0.5]), Chooser()
+    agree, chooser = _StubLikelihood([-1.0, -2.0, -0.5]), _StubChooser()
     cascade = CascadeReranker(agree, chooser)
     got = cascade.score("close it", entries, base)
     assert agree.read == [("CLOSE IT", ["a", "b"])] and chooser.calls == 0 and cascade.asked == 0
     assert got[:2] == rrf_fuse(base[:2], [-1.0, -2.0], LikelihoodReranker.RRF_K)
     assert int(np.argmax(got)) == 0 and min(got[:2]) > got[2] > got[3] > got[4]
     # the retriever's first ahead by less than ASK_MARGIN a token: asked too
-    narrow = CascadeReranker(Likelihood([-1.0, -1.0 - CascadeReranker.ASK_MARGIN / 2, -1.5]), chooser)
+    narrow = CascadeReranker(_StubLikelihood([-1.0, -1.0 - CascadeReranker.ASK_MARGIN / 2, -1.5]), chooser)
     assert int(np.argmax(narrow.score("close it", entries, base))) == 2 and narrow.asked == 1 and chooser.calls == 1
     chooser.calls = 0
-    disagree = CascadeReranker(Likelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
+    disagree = CascadeReranker(_StubLikelihood([-2.0, -1.0, -1.5, -3.0]), chooser)
     got = disagree.score("close it", entries, base, context="earlier")
     assert chooser.calls == 1 and disagree.asked == 1 and int(np.argmax(got)) == 2
     assert chooser.read == ["a", "b", "c"] and len(got) == 5 and min(got[:3]) > got[3] > got[4]
@@ -750,33 +757,14 @@ def test_the_cascade_asks_the_name_choice_only_where_the_likelihood_disagrees_wi
 def test_a_route_the_cascade_reranked_says_which_of_its_judges_decided(forge_dir, embedder):
     """RouteResult.name_choice: True where the cascade asked its name choice (the slow kind of decision), False where
     its likelihood decided, absent from the JSON where the cascade did not rerank."""
-    from nexus_cli.routing.rerank import CascadeReranker, LikelihoodReranker, LLMReranker
-
-    class Likelihood:
-        RRF_K = LikelihoodReranker.RRF_K
-
-        def __init__(self, ll):
-            self.ll = ll
-
-        def scored_text(self, query):
-            return query
-
-        def log_likelihoods(self, text, entries):
-            return self.ll[: len(entries)]
-
-    class Chooser(LLMReranker):
-        def __init__(self):
-            pass
-
-        def score(self, query, entries, base, context=""):
-            return list(base)
+    from nexus_cli.routing.rerank import CascadeReranker
 
     r = Router(forge_dir, RouterConfig(reranker="none", rerank_k=4), embedder=embedder)
     r.tau = 10.0  # every decision escalates
     r._reranker_name = "cascade"
     decided = {}
     for name, ll in (("likelihood", [-1.0, -3.0]), ("name choice", [-3.0, -1.0])):
-        r._reranker = CascadeReranker(Likelihood(ll), Chooser())
+        r._reranker = CascadeReranker(_StubLikelihood(ll), _StubChooser())
         res = r.route("list open issues", with_args=False)
         assert res.reranker == "cascade" and res.as_json()["name_choice"] is res.name_choice
         decided[name] = res.name_choice

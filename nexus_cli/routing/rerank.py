@@ -337,9 +337,9 @@ class CascadeReranker:
     The likelihood reranker scores the first LIKELIHOOD_K candidates. Where the request is more likely after the
     retriever's first candidate than after any other by at least ASK_MARGIN (mean log-probability per token), the
     likelihood reranker's order stands (its reciprocal-rank fusion with the retriever; the candidates after them
-    follow, in the retriever's order). Elsewhere the name choice decides over the first CHOICE_K candidates (the retriever's score plus its weight
-    x the log-probability of each name), as `--reranker llm` would over its own; the candidates after them follow,
-    in the retriever's order. Measured in docs/routing.md, "Rerankers"."""
+    follow, in the retriever's order). Elsewhere the name choice decides over the first CHOICE_K candidates (the
+    retriever's score plus its weight x the log-probability of each name), as `--reranker llm` would over its own;
+    the candidates after them follow, in the retriever's order. Measured in docs/routing.md, "Rerankers"."""
 
     name = "cascade"
     # the name choice reads three cards, not five: on the leave-servers-out dev part's written requests the same

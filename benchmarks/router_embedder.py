@@ -7,6 +7,7 @@
         [--device cuda] [--deadline 420] [--export DIR]
     python benchmarks/router_embedder.py export .nexus/router-train/embedder models/router-embedder \
         [--figures results/routing-lso/FILE.json ...]
+    python benchmarks/router_embedder.py interpolate A OUT [--router models/router-embedder]
 
 `train` fine-tunes the base on the train servers' tools with their example requests (routing/finetune.py, the
 recipe below) and leaves the model in OUT/embedder with OUT/train-report.json. `sweep` trains each recipe of a grid
@@ -14,7 +15,9 @@ file from the base and scores it on the dev part with the retriever alone (`nexu
 --reranker none`, the same code), keeps a record per recipe (a rerun skips the recipes already scored), stops starting
 recipes after `--deadline` seconds, and with `--export` exports the best by dev top-1 (then top-3). `export` writes it as float16 safetensors with its tokenizer and
 config, a model card (README.md, with the leave-servers-out figures of the `nexus bench routing-lso` results files
-given) and the weights' sha256 into the destination folder, atomically. Exporting the same model again gives the same
+given) and the weights' sha256 into the destination folder, atomically. `interpolate` writes the router pulled back
+toward its base in weight space, (1 - A) x all-MiniLM-L6-v2 + A x the router, every tensor, rounded to float16
+(results/router-embedder/interpolated/RULE.txt). Exporting the same model again gives the same
 bytes, so the card can be rewritten once figures exist without changing the pinned digest.
 
 Recipe of the shipped model (chosen for the 2-core budget; figures in models/router-embedder/README.md): MiniLM-L6-v2
@@ -254,6 +257,47 @@ def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
     return {"out": str(dst), "sha256": digest, "bytes": (dst / "model.safetensors").stat().st_size}
 
 
+def interpolate(alpha: float, dst: Path, router: Path = ROOT / "models" / "router-embedder") -> dict:
+    """(1 - alpha) x the base + alpha x the router, tensor by tensor in float32, rounded to float16 and written with
+    the router's tokenizer and config into dst, atomically. alpha = 1 gives the router's own weights back."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from nexus_cli.models import resolve_model
+
+    if not 0.0 <= alpha <= 1.0:
+        raise SystemExit(f"interpolate: A must lie in [0, 1], got {alpha}")
+    router, dst = Path(router), Path(dst)
+    base = load_file(str(resolve_model(BASE, kind="embedder") / "model.safetensors"))
+    tuned = load_file(str(router / "model.safetensors"))
+    missing = sorted(k for k in tuned if k not in base or base[k].shape != tuned[k].shape)
+    if missing:
+        raise SystemExit(f"interpolate: the base lacks or reshapes {len(missing)} tensors, e.g. {missing[0]}")
+    mixed = {k: ((1.0 - alpha) * base[k].float() + alpha * v.float()).to(torch.float16).contiguous()
+             for k, v in tuned.items()}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        for p in router.rglob("*"):
+            rel = p.relative_to(router)
+            if p.is_file() and p.name not in ("model.safetensors", "nexus-router.json", "README.md"):
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, tmp / rel)
+        save_file(mixed, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        digest = sha256_file(tmp / "model.safetensors")
+        record = json.loads((router / "nexus-router.json").read_text())
+        atomic_write_json(tmp / "nexus-router.json", {
+            **record, "sha256": digest,
+            "interpolated": {"alpha": alpha, "base": "all-MiniLM-L6-v2", "router_sha256": record.get("sha256")}})
+        os.chmod(tmp, 0o755)
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"out": str(dst), "alpha": alpha, "sha256": digest}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -284,8 +328,14 @@ def main(argv=None) -> int:
     e.add_argument("src")
     e.add_argument("dst")
     e.add_argument("--figures", nargs="*", default=[], help="nexus bench routing-lso results files for the card")
+    i = sub.add_parser("interpolate", help="the router pulled back toward its base: (1 - A) x base + A x router")
+    i.add_argument("alpha", type=float)
+    i.add_argument("dst")
+    i.add_argument("--router", default=str(ROOT / "models" / "router-embedder"))
     a = ap.parse_args(argv)
-    if a.cmd == "train":
+    if a.cmd == "interpolate":
+        print(json.dumps(interpolate(a.alpha, Path(a.dst), Path(a.router)), indent=1))
+    elif a.cmd == "train":
         print(json.dumps(train(Path(a.out), a.epochs, a.budget, a.rounds, a.example_positives, a.batch_size, a.lr,
                                a.n_hard, a.device, a.base, Path(a.registries)), indent=1))
     elif a.cmd == "sweep":

@@ -104,14 +104,15 @@ def extra_texts(tool) -> list[str]:
 
     - the readable name alone (the name carries the dominant routing signal),
     - the description's first sentence without tool boilerplate ("Use this tool to …"),
+    - the second sentence when it exists (often the "use this when …" clause),
     - the readable name with the required parameters ("create pull request with owner, repo, title, head, base").
-    The second sentence was a vector of its own until BUILD_REVISION 11; without it the dev split routes better
-    (docs/routing.md, "Tool text recipe").
     """
     out: list[str] = [readable_name(tool.name)]
-    sents = sentences(clean_description(tool.description), 1)
+    sents = sentences(clean_description(tool.description), 3)
     if sents:
         out.append(_BOILER.sub("", sents[0]))
+    if len(sents) > 1:
+        out.append(_BOILER.sub("", sents[1]))
     req, _opt = param_names(tool.input_schema, 5)
     if req:
         out.append(f"{readable_name(tool.name)} with " + ", ".join(" ".join(name_words(p)) for p in req))

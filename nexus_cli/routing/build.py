@@ -53,8 +53,8 @@ DEFAULT_VALUE_MASKING = True
 # join their tool's BM25 document. 5: twelve examples per tool. 6: the gate's margin leaves out interchangeable tools
 # (the same tool on another server, registry.interchangeable_groups). 7: tools.json stores the normalized schema.
 # 8: index format 3 (tools.json and tool_details.json; the interchangeable groups in the manifest). 9: index format 4.
-# 10: lexical tokenizer 2 (CJK text as character pairs). 11: no vector for the description's second sentence.
-BUILD_REVISION = 11
+# 10: lexical tokenizer 2 (CJK text as character pairs).
+BUILD_REVISION = 10
 # Example requests (`nexus index --examples FILE.jsonl`) become extra vectors and BM25 words of their tool, at most
 # this many per tool: what was written per tool (docs/routing.md, "Example requests").
 EXAMPLES_PER_TOOL = 12
@@ -386,7 +386,7 @@ def build_index(tools: Sequence[Tool], out: str | Path, embedder=None, embedder_
             "recipe": {
                 "name": recipe,
                 "doc": "readable name (abbreviations expanded) + raw name + first 48 words of the description",
-                "extra": "multi: + readable name, first description sentence (boilerplate stripped), "
+                "extra": "multi: + readable name, first/second description sentence (boilerplate stripped), "
                          "name + required parameters; tool score = max over its vectors" if recipe == "multi" else None,
                 "examples": examples_info,
             },

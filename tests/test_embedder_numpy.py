@@ -251,3 +251,37 @@ def test_index_build_embeds_without_torch_with_the_same_decisions(tmp_path, forg
         a, b = built.route(q, with_args=False), reference.route(q, with_args=False)
         assert [(c.server, c.tool) for c in a.candidates] == [(c.server, c.tool) for c in b.candidates]
         assert max(abs(x.score - y.score) for x, y in zip(a.candidates, b.candidates)) < 2e-3
+
+
+def test_router_embedder_interpolation_ends_at_both_models(tmp_path):
+    """benchmarks/router_embedder.py interpolate: a = 1 writes the shipped router's own bytes, a = 0 the stock
+    all-MiniLM-L6-v2 rounded to float16, a = 0.5 the mean of the two; every tensor float16, tokenizer and config copied;
+    an a outside [0, 1] is refused."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import router_embedder
+    finally:
+        sys.path.pop(0)
+    from safetensors.numpy import load_file
+
+    from nexus_cli.config import MODELS
+
+    router = load_file(str(REPO / "models" / "router-embedder" / "model.safetensors"))
+    stock = load_file(str(resolve_model("minilm", kind="embedder") / "model.safetensors"))
+    one = router_embedder.interpolate(1.0, tmp_path / "a1")
+    assert one["sha256"] == MODELS["nexus-router"].sha256
+    assert (tmp_path / "a1" / "tokenizer.json").is_file() and (tmp_path / "a1" / "config.json").is_file()
+    router_embedder.interpolate(0.0, tmp_path / "a0")
+    zero = load_file(str(tmp_path / "a0" / "model.safetensors"))
+    router_embedder.interpolate(0.5, tmp_path / "a05")
+    half = load_file(str(tmp_path / "a05" / "model.safetensors"))
+    assert set(zero) == set(router) == set(half)
+    for k in router:
+        assert zero[k].dtype == half[k].dtype == np.float16
+        np.testing.assert_array_equal(zero[k], stock[k].astype(np.float16))
+        mean = (0.5 * stock[k].astype(np.float32) + 0.5 * router[k].astype(np.float32)).astype(np.float16)
+        np.testing.assert_array_equal(half[k], mean)
+    assert json.loads((tmp_path / "a05" / "nexus-router.json").read_text())["interpolated"]["alpha"] == 0.5
+    with pytest.raises(SystemExit):
+        router_embedder.interpolate(1.5, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

@@ -66,6 +66,12 @@ whatever the likelihood says, each timed. `ask-time` then prints, gated, for eac
 ASK_MARGINS: top-1 (all, follow-ups), the asks, the escalated decision's modelled median (the likelihood's time at K,
 plus the name choice's where it is asked), and the decision of results/rerank-features/ask-time/RULE.txt.
 
+With `--card-words`, every request where the shipped cascade asks the name choice (escalated; the likelihood over
+the first 2 prefers another candidate or the first by under CascadeReranker.ASK_MARGIN) gets the name choice over
+the first CHOICE_K cards with each card size of CARD_VARIANTS (`choice_<variant>`, each timed, the order rotating
+per request); `card-words` then prints, gated, the cascade's top-1 and follow-ups with each, the median asked name
+choice, and the decision of results/rerank-features/card-words/RULE.txt.
+
 With `--prev-request`, a request with a history also gets `ll05_prev`: the same likelihood, of the conversation's
 last user turn (the previous request) under each candidate, a judge reading the history where the likelihood reranker
 reads the request alone; the name choice is then asked only where some weight in PREV_WEIGHTS makes the cascade ask
@@ -103,6 +109,9 @@ POOL = 10
 CHOOSERS = {"choice05": "qwen2.5-0.5b", "choice15": "qwen2.5-1.5b"}
 PREV_WEIGHTS = (0.25, 0.5, 1.0)  # the weights `history` compares, fixed before any dump with --prev-request
 ASK_MARGINS = (-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3)  # the grid `ask-margin` and `ask-time` compare, fixed before dumps
+# the name choice's card variants `card-words` compares: (description words, parameter names), fixed by
+# results/rerank-features/card-words/RULE.txt before any dump; "today" is rerank.LLMReranker's own
+CARD_VARIANTS = {"today": (LLMReranker.DESC_WORDS, LLMReranker.MAX_PARAMS), "S1": (20, 6), "S2": (20, 0), "S3": (12, 6)}
 
 
 def last_user_turn(history) -> str:
@@ -162,7 +171,7 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
          chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None,
-         ask_margin: bool = False, ask_time: bool = False) -> Path:
+         ask_margin: bool = False, ask_time: bool = False, card_words: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -174,15 +183,22 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
     if orders or chooser_k or likelihood_k or ask_margin or ask_time:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
+    if card_words:  # one 1.5B model, a context per card variant, each with its own card size
+        large = LlamaModel(CHOOSERS["choice15"])
+        choosers = {}
+        for name, (words, params) in CARD_VARIANTS.items():
+            choosers[name] = choice_scorer(large, k)
+            choosers[name].DESC_WORDS, choosers[name].MAX_PARAMS = words, params
     if head_cache:  # one model, two contexts: the prompt decoded whole, and its head kept between decisions
         large = LlamaModel(CHOOSERS["choice15"])
         choosers = {"choice15": choice_scorer(large, k, keep_head=False),
                     "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
-                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time
+                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time or card_words
                           else None,
                           likelihood_k=likelihood_k, ask_margin=ask_margin, ask_time=ask_time,
+                          card_variants=CARD_VARIANTS if card_words else None,
                           embedder=DEFAULT_EMBEDDER,
                           examples=None, tools=len(tools), prev_request=prev_request,
                           prev_weights=list(PREV_WEIGHTS) if prev_request else None, tau=float(router.tau)),
@@ -257,6 +273,18 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                 row["choice15_ms"] = (time.perf_counter() - t1) * 1000
             else:
                 row.update(ll05_3=None, ll05_2=None, ll05_3_ms=None, ll05_2_ms=None, choice15=None, choice15_ms=None)
+        elif card_words:  # where the shipped cascade asks: the name choice with each card variant, timed
+            row["ll05_2"] = likelihood.log_likelihoods(likelihood.scored_text(request), head[:2]) \
+                if escalated(row, float(router.tau)) else None
+            asked = row["ll05_2"] is not None and likelihood_margin(row["ll05_2"]) < CascadeReranker.ASK_MARGIN
+            names = list(CARD_VARIANTS)
+            names = names[n % len(names):] + names[:n % len(names)]  # each variant first in turn
+            context = routing_context(q.get("history"))
+            for name in names:
+                t1 = time.perf_counter()
+                row[f"choice_{name}"] = choosers[name].name_logprobs(
+                    request, head[:CascadeReranker.CHOICE_K], context) if asked else None
+                row[f"choice_{name}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
         elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
             asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
             context = routing_context(q.get("history"))
@@ -568,6 +596,45 @@ def ask_time_report(path: Path) -> None:
           f"{hits[best][follow].sum()}, asks {asks[best]} of {len(up)}, escalated median {median[best]:.0f} ms)")
 
 
+def card_words_report(path: Path) -> None:
+    """The shipped cascade (likelihood over 2, ask margin ASK_MARGIN, name choice over CHOICE_K cards), gated as
+    `nexus route` is, with each card variant of the dump's name choice: top-1 (all, follow-ups; an interchangeable
+    copy counts as right), paired against today's cards, and the median time of an asked name choice; then the
+    decision of results/rerank-features/card-words/RULE.txt."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+    variants = list(doc["params"]["card_variants"])
+    follow = np.array([r["follow_up"] for r in rows])
+    asked = [r for r in rows if r.get("choice_today") is not None]
+
+    def pick(r: dict, name: str) -> int:
+        if not escalated(r, tau):
+            return 0
+        return margin_cascade_pick({**r, "choice15": r[f"choice_{name}"]}, r["ll05_2"], CascadeReranker.ASK_MARGIN,
+                                   tau, ck)
+
+    hits = {v: np.array([r["cands"][pick(r, v)] in r["gold"] for r in rows]) for v in variants}
+    ms = {v: float(np.median([r[f"choice_{v}_ms"] for r in asked])) for v in variants}
+    base = hits["today"]
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}, the name choice asked on {len(asked)}")
+    for v in variants:
+        h = hits[v]
+        words, params = doc["params"]["card_variants"][v]
+        print(f"  {v} ({words} words, {params} parameters): top-1 {h.sum()} ({h.mean() * 100:.1f} %), "
+              f"{int((h & ~base).sum())} fixed / {int((~h & base).sum())} broken against today's; follow-ups "
+              f"{h[follow].sum()} of {follow.sum()}; asked name choice median {ms[v]:.0f} ms "
+              f"({ms['today'] / ms[v]:.2f}x today's)")
+    admissible = [v for v in variants if v != "today" and hits[v].sum() >= base.sum()
+                  and hits[v][follow].sum() >= base[follow].sum()]
+    if not admissible:
+        print("  the rule: no variant keeps today's top-1 and follow-ups; the cards stay")
+        return
+    best = min(admissible, key=lambda v: (ms[v], -int(hits[v].sum())))
+    goes = ms["today"] / ms[best] >= 1.2
+    print(f"  the rule: {best} ({ms['today'] / ms[best]:.2f}x) " + ("goes on to the test part" if goes else
+                                                                     "is under 1.2x; the cards stay"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -594,6 +661,9 @@ def main() -> None:
     d.add_argument("--ask-time", action="store_true",
                    help="the likelihood over 3 and over 2 and the 1.5B name choice, timed, on every escalated request "
                         "(see ask-time)")
+    d.add_argument("--card-words", action="store_true",
+                   help="the 1.5B name choice with each card variant of CARD_VARIANTS, timed, where the shipped cascade "
+                        "asks it (see card-words)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
     f = sub.add_parser("fuse")
@@ -612,11 +682,13 @@ def main() -> None:
     am.add_argument("file")
     at = sub.add_parser("ask-time")
     at.add_argument("file")
+    cw = sub.add_parser("card-words")
+    cw.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
                    a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k,
-                   a.ask_margin, a.ask_time))
+                   a.ask_margin, a.ask_time, a.card_words))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -631,6 +703,8 @@ def main() -> None:
         ask_margin_report(Path(a.file))
     elif a.cmd == "ask-time":
         ask_time_report(Path(a.file))
+    elif a.cmd == "card-words":
+        card_words_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -607,11 +607,9 @@ def card_words_report(path: Path) -> None:
     follow = np.array([r["follow_up"] for r in rows])
     asked = [r for r in rows if r.get("choice_today") is not None]
 
-    def pick(r: dict, name: str) -> int:
-        if not escalated(r, tau):
-            return 0
-        return margin_cascade_pick({**r, "choice15": r[f"choice_{name}"]}, r["ll05_2"], CascadeReranker.ASK_MARGIN,
-                                   tau, ck)
+    def pick(r: dict, name: str) -> int:  # the fast path returns before the likelihood or the choice is read
+        return margin_cascade_pick({**r, "choice15": r.get(f"choice_{name}")}, r["ll05_2"],
+                                   CascadeReranker.ASK_MARGIN, tau, ck)
 
     hits = {v: np.array([r["cands"][pick(r, v)] in r["gold"] for r in rows]) for v in variants}
     ms = {v: float(np.median([r[f"choice_{v}_ms"] for r in asked])) for v in variants}

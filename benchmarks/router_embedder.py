@@ -162,6 +162,15 @@ intervals (`nexus bench routing-lso --part PART --embedder E --reranker R`).
 """
 
 
+def copy_model_files(src: Path, dst: Path, keep) -> None:
+    """Copy the files of model folder src for which keep(path relative to src) holds into dst, keeping the layout."""
+    for p in src.rglob("*"):
+        rel = p.relative_to(src)
+        if p.is_file() and keep(rel):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dst / rel)
+
+
 def save_fp16(src: Path, dst: Path) -> None:
     """A safetensors file's weights rounded to float16, written to dst."""
     import torch
@@ -180,10 +189,8 @@ def base_fp16(dst: Path) -> dict:
     dst = Path(dst)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent if dst.parent.exists() else None))
     try:
-        for p in src.rglob("*"):
-            if p.is_file() and p.suffix in (".json", ".txt") and not p.name.startswith("data_config"):
-                (tmp / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(p, tmp / p.relative_to(src))
+        copy_model_files(src, tmp, lambda rel: rel.suffix in (".json", ".txt")
+                         and not rel.name.startswith("data_config"))
         save_fp16(src / "model.safetensors", tmp / "model.safetensors")
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)
@@ -226,12 +233,8 @@ def export(src: Path, dst: Path, figures: list[Path] | None = None) -> dict:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
-        for p in src.rglob("*"):
-            rel = p.relative_to(src)
-            if p.is_dir() or p.name == "model.safetensors" or rel.parts[0].startswith("checkpoint"):
-                continue
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, tmp / rel)
+        copy_model_files(src, tmp, lambda rel: rel.name != "model.safetensors"
+                         and not rel.parts[0].startswith("checkpoint"))
         save_fp16(src / "model.safetensors", tmp / "model.safetensors")
         os.chmod(tmp / "model.safetensors", 0o644)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model ships with the repository
@@ -278,11 +281,8 @@ def interpolate(alpha: float, dst: Path, router: Path = ROOT / "models" / "route
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
-        for p in router.rglob("*"):
-            rel = p.relative_to(router)
-            if p.is_file() and p.name not in ("model.safetensors", "nexus-router.json", "README.md"):
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(p, tmp / rel)
+        copy_model_files(router, tmp,
+                         lambda rel: rel.name not in ("model.safetensors", "nexus-router.json", "README.md"))
         save_file(mixed, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         digest = sha256_file(tmp / "model.safetensors")
         record = json.loads((router / "nexus-router.json").read_text())

@@ -187,7 +187,8 @@ def base_fp16(dst: Path) -> dict:
 
     src = resolve_model(BASE, kind="embedder")
     dst = Path(dst)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent if dst.parent.exists() else None))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     try:
         copy_model_files(src, tmp, lambda rel: rel.suffix in (".json", ".txt")
                          and not rel.name.startswith("data_config"))

@@ -17,6 +17,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py ask-margin results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --ask-time
     python benchmarks/rerank_features.py ask-time results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --queries FILE --history-candidates
+    python benchmarks/rerank_features.py history-candidates results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -77,6 +79,15 @@ last user turn (the previous request) under each candidate, a judge reading the 
 reads the request alone; the name choice is then asked only where some weight in PREV_WEIGHTS makes the cascade ask
 it. `history` prints the cascade with `ll05 + w x ll05_prev` against the cascade as shipped, gated by the index's
 margin gate as `nexus route` is, per query set (follow-ups; requests after another conversation).
+
+With `--history-candidates`, every request `nexus route` escalates gets the likelihood over the first 2 candidates
+(`ll05_2`) and, where the cascade asks it, the name choice over the first CHOICE_K cards (`choice15`). A request with
+a history also gets `hist_key`: the best tool of its history-prefixed text alone (the text the router weighs by
+HISTORY_WEIGHT) that is neither among the fused list's first two nor a copy of one; where that tool is not among the
+first CHOICE_K, the name choice over the first two and it (`choice15_h`, whatever the likelihood says).
+`history-candidates` then prints the cascade, gated, as shipped (base), with that tool as the name choice's third
+card where the cascade asks (C1), and asking the name choice wherever it is one (C2), per kind of request, paired;
+then the decision of results/rerank-features/history-candidates/RULE.txt.
 """
 
 from __future__ import annotations
@@ -171,7 +182,8 @@ def part_queries(part: str, keys: set[str], files: list[str] | None = None) -> l
 def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list[str], out_dir: str,
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
          chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None,
-         ask_margin: bool = False, ask_time: bool = False, card_words: bool = False) -> Path:
+         ask_margin: bool = False, ask_time: bool = False, card_words: bool = False,
+         history_candidates: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -181,7 +193,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders or chooser_k or likelihood_k or ask_margin or ask_time:
+    if orders or chooser_k or likelihood_k or ask_margin or ask_time or history_candidates:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     if card_words:  # one 1.5B model, a context per card variant, each with its own card size
         large = LlamaModel(CHOOSERS["choice15"])
@@ -195,8 +207,9 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                     "choice15_head": choice_scorer(large, k, keep_head=True)}
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
-                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time or card_words
-                          else None,
+                          choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time
+                          or card_words or history_candidates else None,
+                          history_candidates=history_candidates, history_weight=router.config.history_weight,
                           likelihood_k=likelihood_k, ask_margin=ask_margin, ask_time=ask_time,
                           card_variants=CARD_VARIANTS if card_words else None,
                           embedder=DEFAULT_EMBEDDER,
@@ -285,6 +298,25 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                 row[f"choice_{name}"] = choosers[name].name_logprobs(
                     request, head[:CascadeReranker.CHOICE_K], context) if asked else None
                 row[f"choice_{name}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
+        elif history_candidates:  # escalated: the shipped cascade, and the conversation's own best tool as a card
+            row.update(ll05_2=None, choice15=None, hist_key=None, hist_score=None, choice15_h=None)
+            context = routing_context(q.get("history"))
+            if context and router.config.history_weight > 0:
+                prefixed = router._scores(f"{context} {request}")[0]  # the text Router.retrieve weighs in
+                first_two = cand[:2]
+                t_h = next(int(i) for i in np.argsort(-prefixed, kind="stable")
+                           if not any(int(i) in index.interchangeable(c) or int(i) == c for c in first_two))
+                row["hist_key"], row["hist_score"] = index.tools[t_h].key, float(scores[t_h])
+                row["hist_in_first"] = any(t_h == c or t_h in index.interchangeable(c)
+                                           for c in cand[:CascadeReranker.CHOICE_K])
+            if escalated(row, float(router.tau)):
+                row["ll05_2"] = likelihood.log_likelihoods(likelihood.scored_text(request), head[:2])
+                ck = CascadeReranker.CHOICE_K
+                if likelihood_margin(row["ll05_2"]) < CascadeReranker.ASK_MARGIN:
+                    row["choice15"] = choosers["choice15"].name_logprobs(request, head[:ck], context)
+                if row["hist_key"] is not None and not row["hist_in_first"]:
+                    row["choice15_h"] = choosers["choice15"].name_logprobs(
+                        request, head[:ck - 1] + [index.tools[t_h]], context)
         elif head_cache:  # only where `nexus route` asks it, over the cards the cascade shows
             asked = escalated(row, float(router.tau)) and cascade_asks(row["ll05"], None, 0.0)
             context = routing_context(q.get("history"))
@@ -633,6 +665,65 @@ def card_words_report(path: Path) -> None:
                                                                      "is under 1.2x; the cards stay"))
 
 
+def history_candidate_pick(r: dict, variant: str, tau: float, choice_k: int) -> str:
+    """The key of the tool the cascade picks for a dumped --history-candidates request: "base" as shipped, "C1" with
+    the conversation's own best tool as the name choice's last card where the cascade asks it, "C2" asking the name
+    choice wherever that tool is such a card (results/rerank-features/history-candidates/RULE.txt)."""
+    if not escalated(r, tau):
+        return r["cands"][0]
+    ll = r["ll05_2"]
+    swap = variant != "base" and r.get("choice15_h") is not None
+    asked = likelihood_margin(ll) < CascadeReranker.ASK_MARGIN or (variant == "C2" and swap)
+    if not asked:
+        return r["cands"][int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))]
+    if swap:
+        keys = r["cands"][:choice_k - 1] + [r["hist_key"]]
+        base, c = r["retriever"][:choice_k - 1] + [r["hist_score"]], r["choice15_h"]
+    else:
+        keys, base, c = r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"]
+    c = np.asarray(c, dtype=np.float64)
+    return keys[int(np.argmax(np.asarray(base) + 0.1 * (c - c.max())))]
+
+
+def history_candidates_report(path: Path) -> None:
+    """Base, C1 and C2 (history_candidate_pick) per kind of request, paired against base, the name choices each
+    asks, and the decision of step 1 of results/rerank-features/history-candidates/RULE.txt."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        kinds.setdefault(request_kind(r), []).append(r)
+    hits = {v: {k: np.array([history_candidate_pick(r, v, tau, ck) in r["gold"] for r in rs]) for k, rs in kinds.items()}
+            for v in ("base", "C1", "C2")}
+    swapped = sum(r.get("choice15_h") is not None for r in rows)
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}; the conversation's own tool outside the first {ck} on "
+          f"{swapped} escalated requests")
+    for k, rs in kinds.items():
+        gold_h = sum(r.get("hist_key") in r["gold"] for r in rs)
+        print(f"  {k} ({len(rs)}): the conversation's own best tool is the gold one for {gold_h}")
+        base = hits["base"][k]
+        for v in ("base", "C1", "C2"):
+            h = hits[v][k]
+            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+            asks = sum(escalated(r, tau) and (likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN
+                                               or (v == "C2" and r.get("choice15_h") is not None)) for r in rs)
+            print(f"    {v}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken against base, "
+                  f"sign test p = {sign_test(fixed, broken):.3f}; the name choice asked on {asks}")
+    after, follow = "after another conversation", "follow-ups"
+    admissible = [v for v in ("C1", "C2") if hits[v].get(after, np.array([])).sum() >= hits["base"].get(after,
+                                                                                             np.array([])).sum() - 1]
+    if not admissible:
+        print("  the rule: no candidate is admissible (top-1 after another conversation); nothing changes")
+        return
+    def follow_ups(v: str) -> int:
+        return int(hits[v].get(follow, np.array([])).sum())
+
+    best = max(admissible, key=lambda v: (follow_ups(v), v == "C1"))
+    gain = follow_ups(best) - follow_ups("base")
+    print(f"  the rule: {best} " + (f"goes on to step 2 (follow-ups {gain:+d})" if gain >= 2 else
+                                    f"gains {gain:+d} follow-ups, under 2; nothing changes"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -664,6 +755,9 @@ def main() -> None:
                         "asks it (see card-words)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
+    d.add_argument("--history-candidates", action="store_true",
+                   help="the shipped cascade on every escalated request, and the 1.5B name choice with the "
+                        "conversation's own best tool as a card (see history-candidates)")
     f = sub.add_parser("fuse")
     f.add_argument("file")
     h = sub.add_parser("history")
@@ -682,11 +776,13 @@ def main() -> None:
     at.add_argument("file")
     cw = sub.add_parser("card-words")
     cw.add_argument("file")
+    hcand = sub.add_parser("history-candidates")
+    hcand.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
                    a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k,
-                   a.ask_margin, a.ask_time, a.card_words))
+                   a.ask_margin, a.ask_time, a.card_words, a.history_candidates))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -703,6 +799,8 @@ def main() -> None:
         ask_time_report(Path(a.file))
     elif a.cmd == "card-words":
         card_words_report(Path(a.file))
+    elif a.cmd == "history-candidates":
+        history_candidates_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

@@ -17,10 +17,11 @@ EXAMPLES = REPO / "tool_registries" / "examples" / "shared_registries.jsonl"
 # one of their requests reaches neither side of that measurement. The *_history.jsonl sets are copies of requests of
 # these files and of routing.jsonl with another conversation's history (benchmarks/history_pairs.py), scored the
 # same way only; routing_test_followups.jsonl holds follow-ups over the test servers and routing_test_servers_b.jsonl
-# and routing_test_servers_c.jsonl requests written later for them, all scored the same way only.
+# and routing_test_servers_c.jsonl requests written later for them (routing_dev_servers_c.jsonl the same for the dev
+# servers), all scored the same way only.
 LSO_ONLY = {"routing_heldout_servers.jsonl", "routing_dev_servers.jsonl", "routing_dev_servers_history.jsonl",
             "routing_test_history.jsonl", "routing_test_followups.jsonl", "routing_test_servers_b.jsonl",
-            "routing_test_servers_c.jsonl", "routing_test_servers_c_history.jsonl"}
+            "routing_test_servers_c.jsonl", "routing_test_servers_c_history.jsonl", "routing_dev_servers_c.jsonl"}
 # The requests that leave required values out are never routed: benchmarks/args_eval.py gives them their gold tool
 # and benchmarks/guessed_values.py scores the values it names, so an example like one of them reaches no measurement.
 GOLD_TOOL_ONLY = {"args_unstated.jsonl", "args_unstated_b.jsonl", "args_unstated_c.jsonl", "args_unstated_d.jsonl",

@@ -19,6 +19,8 @@ offline on the leave-servers-out dev part and then checked once on the test part
     python benchmarks/rerank_features.py ask-time results/rerank-features/FILE.json
     python benchmarks/rerank_features.py dump --part dev --queries FILE --queries FILE --history-candidates
     python benchmarks/rerank_features.py history-candidates results/rerank-features/FILE.json
+    python benchmarks/rerank_features.py dump --part dev --queries FILE --queries FILE --server-cards
+    python benchmarks/rerank_features.py server-cards results/rerank-features/FILE.json
 
 `dump` builds the part's index as `nexus bench routing-lso` does (no example requests, the default embedder) and, for
 every request, keeps the retriever's first ten distinct tools (a copy of a tool on another server counts once) with
@@ -88,6 +90,14 @@ first CHOICE_K, the name choice over the first two and it (`choice15_h`, whateve
 `history-candidates` then prints the cascade, gated, as shipped (base), with that tool as the name choice's third
 card where the cascade asks (C1), and asking the name choice wherever it is one (C2), per kind of request, paired;
 then the decision of results/rerank-features/history-candidates/RULE.txt.
+
+With `--server-cards`, every request `nexus route` escalates gets the shipped cascade's signals (`ll05_2`, and
+`choice15` where it asks), and a request with a history also the conversation's server (`conv_server`: that of the
+routing context's own best tool) and, for N in SERVER_CARDS, the name choice over the fused list's first two tools
+and then that server's other tools in fused order, up to N cards (`choice15_s<N>`, with `s<N>_keys` and `s<N>_base`,
+the cards and their fused scores), wherever such a tool was added. `server-cards` then prints the cascade, gated, as
+shipped and with each N (asked wherever the server's tools were added), strict top-1 per kind of request, paired,
+and the decision of results/rerank-features/server-cards/RULE.txt.
 """
 
 from __future__ import annotations
@@ -122,6 +132,7 @@ PREV_WEIGHTS = (0.25, 0.5, 1.0)  # the weights `history` compares, fixed before 
 ASK_MARGINS = (-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3)  # the grid `ask-margin` and `ask-time` compare, fixed before dumps
 # the name choice's card variants `card-words` compares: (description words, parameter names), fixed by
 # results/rerank-features/card-words/RULE.txt before any dump; "today" is rerank.LLMReranker's own
+SERVER_CARDS = (3, 5)  # the name choice's card counts `--server-cards` dumps (results/rerank-features/server-cards/)
 CARD_VARIANTS = {"today": (LLMReranker.DESC_WORDS, LLMReranker.MAX_PARAMS), "S1": (20, 6), "S2": (20, 0), "S3": (12, 6)}
 
 
@@ -183,7 +194,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
          queries: list[str] | None = None, prev_request: bool = False, orders: bool = False,
          chooser_k: int | None = None, head_cache: bool = False, likelihood_k: int | None = None,
          ask_margin: bool = False, ask_time: bool = False, card_words: bool = False,
-         history_candidates: bool = False) -> Path:
+         history_candidates: bool = False, server_cards: bool = False) -> Path:
     servers = part_servers(part)
     tools = [t for t in load_registries([registry_dir_default()]) if t.server in servers]
     qs = part_queries(part, {t.key for t in tools}, queries)[::stride][:max_queries]
@@ -193,7 +204,7 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     small = LlamaContext(LlamaModel("qwen2.5-0.5b"), n_ctx=4096, n_seq_max=LikelihoodReranker.SEQ + k)
     likelihood = LikelihoodReranker(small, store=None)
     choosers = {} if head_cache else {name: choice_scorer(CHOOSERS[name], k) for name in choosers}
-    if orders or chooser_k or likelihood_k or ask_margin or ask_time or history_candidates:
+    if orders or chooser_k or likelihood_k or ask_margin or ask_time or history_candidates or server_cards:
         choosers = {"choice15": choosers.get("choice15") or choice_scorer(CHOOSERS["choice15"], k)}
     if card_words:  # one 1.5B model, a context per card variant, each with its own card size
         large = LlamaModel(CHOOSERS["choice15"])
@@ -208,8 +219,9 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
     run = Run(SUITE, dict(part=part, queries=queries, k=k, pool=POOL, n_queries=len(qs), stride=stride, choosers=sorted(choosers),
                           orders=orders, chooser_k=chooser_k, head_cache=head_cache,
                           choice_k=CascadeReranker.CHOICE_K if head_cache or likelihood_k or ask_margin or ask_time
-                          or card_words or history_candidates else None,
+                          or card_words or history_candidates or server_cards else None,
                           history_candidates=history_candidates, history_weight=router.config.history_weight,
+                          server_cards=list(SERVER_CARDS) if server_cards else None,
                           likelihood_k=likelihood_k, ask_margin=ask_margin, ask_time=ask_time,
                           card_variants=CARD_VARIANTS if card_words else None,
                           embedder=DEFAULT_EMBEDDER,
@@ -298,6 +310,32 @@ def dump(part: str, k: int, max_queries: int | None, stride: int, choosers: list
                 row[f"choice_{name}"] = choosers[name].name_logprobs(
                     request, head[:CascadeReranker.CHOICE_K], context) if asked else None
                 row[f"choice_{name}_ms"] = (time.perf_counter() - t1) * 1000 if asked else None
+        elif server_cards:  # escalated: the shipped cascade, and the conversation's server's tools as cards
+            row.update(ll05_2=None, choice15=None, conv_server=None, gold_strict=sorted(gold_keys(q)))
+            for n_cards in SERVER_CARDS:
+                row.update({f"choice15_s{n_cards}": None, f"s{n_cards}_keys": None, f"s{n_cards}_base": None})
+            if escalated(row, float(router.tau)):
+                context = routing_context(q.get("history"))
+                ck = CascadeReranker.CHOICE_K
+                row["ll05_2"] = likelihood.log_likelihoods(likelihood.scored_text(request), head[:2])
+                if likelihood_margin(row["ll05_2"]) < CascadeReranker.ASK_MARGIN:
+                    row["choice15"] = choosers["choice15"].name_logprobs(request, head[:ck], context)
+                if context:
+                    conv = index.tools[int(np.argmax(router._scores(context)[0]))].server
+                    row["conv_server"] = conv
+                    for n_cards in SERVER_CARDS:
+                        cards = list(cand[:2])
+                        for i in order:
+                            if len(cards) == n_cards:
+                                break
+                            if index.tools[i].server == conv and not any(
+                                    i == c or i in index.interchangeable(c) for c in cards):
+                                cards.append(i)
+                        if len(cards) > 2:
+                            row[f"s{n_cards}_keys"] = [index.tools[i].key for i in cards]
+                            row[f"s{n_cards}_base"] = [float(scores[i]) for i in cards]
+                            row[f"choice15_s{n_cards}"] = choosers["choice15"].name_logprobs(
+                                request, [index.tools[i] for i in cards], context)
         elif history_candidates:  # escalated: the shipped cascade, and the conversation's own best tool as a card
             row.update(ll05_2=None, choice15=None, hist_key=None, hist_score=None, choice15_h=None)
             context = routing_context(q.get("history"))
@@ -724,6 +762,64 @@ def history_candidates_report(path: Path) -> None:
                                     f"gains {gain:+d} follow-ups, under 2; nothing changes"))
 
 
+def server_cards_pick(r: dict, variant: str, tau: float, choice_k: int) -> str:
+    """The key of the tool the cascade picks for a dumped --server-cards request: "base" as shipped, "s3" / "s5" with
+    the conversation's server's tools among the name choice's cards where any was added (asked there whatever the
+    likelihood says; results/rerank-features/server-cards/RULE.txt)."""
+    if not escalated(r, tau):
+        return r["cands"][0]
+    if variant != "base" and r.get(f"choice15_{variant}") is not None:
+        keys, base, c = r[f"{variant}_keys"], r[f"{variant}_base"], r[f"choice15_{variant}"]
+    else:
+        ll = r["ll05_2"]
+        if likelihood_margin(ll) >= CascadeReranker.ASK_MARGIN:
+            return r["cands"][int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))]
+        keys, base, c = r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"]
+    c = np.asarray(c, dtype=np.float64)
+    return keys[int(np.argmax(np.asarray(base) + 0.1 * (c - c.max())))]
+
+
+def server_cards_report(path: Path) -> None:
+    """Base, S3 and S5 (server_cards_pick) per kind of request, strict top-1 (the gold tool or a listed acceptable
+    one), paired against base, the name choices each asks, and step 1's decision of
+    results/rerank-features/server-cards/RULE.txt."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+    variants = ["base"] + [f"s{n}" for n in doc["params"]["server_cards"]]
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        kinds.setdefault(request_kind(r), []).append(r)
+    hits = {v: {k: np.array([server_cards_pick(r, v, tau, ck) in r["gold_strict"] for r in rs])
+                for k, rs in kinds.items()} for v in variants}
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}")
+    for k, rs in kinds.items():
+        conv = sum(r.get("conv_server") is not None and
+                   any(g.split("/")[0] == r["conv_server"] for g in r["gold_strict"]) for r in rs)
+        print(f"  {k} ({len(rs)}): the conversation's server is the gold tool's for {conv}")
+        base = hits["base"][k]
+        for v in variants:
+            h = hits[v][k]
+            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+            asks = sum(escalated(r, tau) and ((v != "base" and r.get(f"choice15_{v}") is not None)
+                                               or likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN)
+                       for r in rs)
+            print(f"    {v}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken against base, "
+                  f"sign test p = {sign_test(fixed, broken):.3f}; the name choice asked on {asks}")
+
+    def total(v: str, kind: str) -> int:
+        return int(hits[v].get(kind, np.array([])).sum())
+
+    after, follow = "after another conversation", "follow-ups"
+    admissible = [v for v in variants[1:] if total(v, after) >= total("base", after) - 2]
+    if not admissible:
+        print("  the rule: no candidate is admissible (top-1 after another conversation); nothing changes")
+        return
+    best = max(admissible, key=lambda v: (total(v, follow), v == "s3"))
+    gain = total(best, follow) - total("base", follow)
+    print(f"  the rule: {best} " + (f"goes on to step 2 (follow-ups {gain:+d})" if gain >= 3 else
+                                    f"gains {gain:+d} follow-ups, under 3; nothing changes"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -755,6 +851,9 @@ def main() -> None:
                         "asks it (see card-words)")
     d.add_argument("--prev-request", action="store_true",
                    help="also score the previous request's likelihood (ll05_prev) for requests with a history")
+    d.add_argument("--server-cards", action="store_true",
+                   help="the shipped cascade on every escalated request, and the 1.5B name choice over the first two "
+                        "and the conversation's server's tools (see server-cards)")
     d.add_argument("--history-candidates", action="store_true",
                    help="the shipped cascade on every escalated request, and the 1.5B name choice with the "
                         "conversation's own best tool as a card (see history-candidates)")
@@ -778,11 +877,13 @@ def main() -> None:
     cw.add_argument("file")
     hcand = sub.add_parser("history-candidates")
     hcand.add_argument("file")
+    scards = sub.add_parser("server-cards")
+    scards.add_argument("file")
     a = ap.parse_args()
     if a.cmd == "dump":
         print(dump(a.part, a.k, a.max_queries, a.stride, [c for c in a.choosers.split(",") if c], a.out,
                    a.queries, a.prev_request, a.orders, a.chooser_k, a.head_cache, a.likelihood_k,
-                   a.ask_margin, a.ask_time, a.card_words, a.history_candidates))
+                   a.ask_margin, a.ask_time, a.card_words, a.history_candidates, a.server_cards))
     elif a.cmd == "history":
         history(Path(a.file))
     elif a.cmd == "orders":
@@ -801,6 +902,8 @@ def main() -> None:
         card_words_report(Path(a.file))
     elif a.cmd == "history-candidates":
         history_candidates_report(Path(a.file))
+    elif a.cmd == "server-cards":
+        server_cards_report(Path(a.file))
     else:
         fuse(Path(a.file))
 

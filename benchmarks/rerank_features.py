@@ -703,6 +703,13 @@ def card_words_report(path: Path) -> None:
                                                                      "is under 1.2x; the cards stay"))
 
 
+def name_choice_pick(keys: list[str], base, choice) -> str:
+    """The name choice's pick among its cards: the retriever's score + 0.1 x the log-probability's distance to the best
+    (LLMReranker.score with Qwen2.5-1.5B's weight)."""
+    c = np.asarray(choice, dtype=np.float64)
+    return keys[int(np.argmax(np.asarray(base) + 0.1 * (c - c.max())))]
+
+
 def history_candidate_pick(r: dict, variant: str, tau: float, choice_k: int) -> str:
     """The key of the tool the cascade picks for a dumped --history-candidates request: "base" as shipped, "C1" with
     the conversation's own best tool as the name choice's last card where the cascade asks it, "C2" asking the name
@@ -715,51 +722,9 @@ def history_candidate_pick(r: dict, variant: str, tau: float, choice_k: int) -> 
     if not asked:
         return r["cands"][int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))]
     if swap:
-        keys = r["cands"][:choice_k - 1] + [r["hist_key"]]
-        base, c = r["retriever"][:choice_k - 1] + [r["hist_score"]], r["choice15_h"]
-    else:
-        keys, base, c = r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"]
-    c = np.asarray(c, dtype=np.float64)
-    return keys[int(np.argmax(np.asarray(base) + 0.1 * (c - c.max())))]
-
-
-def history_candidates_report(path: Path) -> None:
-    """Base, C1 and C2 (history_candidate_pick) per kind of request, paired against base, the name choices each
-    asks, and the decision of step 1 of results/rerank-features/history-candidates/RULE.txt."""
-    doc = json.loads(Path(path).read_text())
-    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
-    kinds: dict[str, list[dict]] = {}
-    for r in rows:
-        kinds.setdefault(request_kind(r), []).append(r)
-    hits = {v: {k: np.array([history_candidate_pick(r, v, tau, ck) in r["gold"] for r in rs]) for k, rs in kinds.items()}
-            for v in ("base", "C1", "C2")}
-    swapped = sum(r.get("choice15_h") is not None for r in rows)
-    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}; the conversation's own tool outside the first {ck} on "
-          f"{swapped} escalated requests")
-    for k, rs in kinds.items():
-        gold_h = sum(r.get("hist_key") in r["gold"] for r in rs)
-        print(f"  {k} ({len(rs)}): the conversation's own best tool is the gold one for {gold_h}")
-        base = hits["base"][k]
-        for v in ("base", "C1", "C2"):
-            h = hits[v][k]
-            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
-            asks = sum(escalated(r, tau) and (likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN
-                                               or (v == "C2" and r.get("choice15_h") is not None)) for r in rs)
-            print(f"    {v}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken against base, "
-                  f"sign test p = {sign_test(fixed, broken):.3f}; the name choice asked on {asks}")
-    after, follow = "after another conversation", "follow-ups"
-    admissible = [v for v in ("C1", "C2") if hits[v].get(after, np.array([])).sum() >= hits["base"].get(after,
-                                                                                             np.array([])).sum() - 1]
-    if not admissible:
-        print("  the rule: no candidate is admissible (top-1 after another conversation); nothing changes")
-        return
-    def follow_ups(v: str) -> int:
-        return int(hits[v].get(follow, np.array([])).sum())
-
-    best = max(admissible, key=lambda v: (follow_ups(v), v == "C1"))
-    gain = follow_ups(best) - follow_ups("base")
-    print(f"  the rule: {best} " + (f"goes on to step 2 (follow-ups {gain:+d})" if gain >= 2 else
-                                    f"gains {gain:+d} follow-ups, under 2; nothing changes"))
+        return name_choice_pick(r["cands"][:choice_k - 1] + [r["hist_key"]],
+                                r["retriever"][:choice_k - 1] + [r["hist_score"]], r["choice15_h"])
+    return name_choice_pick(r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"])
 
 
 def server_cards_pick(r: dict, variant: str, tau: float, choice_k: int) -> str:
@@ -769,14 +734,66 @@ def server_cards_pick(r: dict, variant: str, tau: float, choice_k: int) -> str:
     if not escalated(r, tau):
         return r["cands"][0]
     if variant != "base" and r.get(f"choice15_{variant}") is not None:
-        keys, base, c = r[f"{variant}_keys"], r[f"{variant}_base"], r[f"choice15_{variant}"]
-    else:
-        ll = r["ll05_2"]
-        if likelihood_margin(ll) >= CascadeReranker.ASK_MARGIN:
-            return r["cands"][int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))]
-        keys, base, c = r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"]
-    c = np.asarray(c, dtype=np.float64)
-    return keys[int(np.argmax(np.asarray(base) + 0.1 * (c - c.max())))]
+        return name_choice_pick(r[f"{variant}_keys"], r[f"{variant}_base"], r[f"choice15_{variant}"])
+    ll = r["ll05_2"]
+    if likelihood_margin(ll) >= CascadeReranker.ASK_MARGIN:
+        return r["cands"][int(np.argmax(rrf_fuse(r["retriever"][:len(ll)], ll, 60)))]
+    return name_choice_pick(r["cands"][:choice_k], r["retriever"][:choice_k], r["choice15"])
+
+
+def history_variants_report(rows: list[dict], variants: list[str], pick, gold: str, asked, kind_note,
+                            slack: int, need: int) -> None:
+    """The cascade's variants over dumped requests with a history, per kind of request (request_kind): top-1 against
+    `gold` (a row key), paired against variants[0] (the shipped cascade), and the name choices each asks
+    (asked(r, v)); kind_note(rows) adds a line per kind. Then a rule's step 1: a variant is admissible if its top-1
+    after another conversation is at most `slack` below the base's; the admissible one with the most follow-ups (a
+    tie goes to the first listed) goes on if it gains at least `need`."""
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        kinds.setdefault(request_kind(r), []).append(r)
+    hits = {v: {k: np.array([pick(r, v) in r[gold] for r in rs]) for k, rs in kinds.items()} for v in variants}
+    for k, rs in kinds.items():
+        print(f"  {k} ({len(rs)}): {kind_note(rs)}")
+        base = hits[variants[0]][k]
+        for v in variants:
+            h = hits[v][k]
+            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
+            print(f"    {v}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken against base, "
+                  f"sign test p = {sign_test(fixed, broken):.3f}; the name choice asked on "
+                  f"{sum(asked(r, v) for r in rs)}")
+
+    def total(v: str, kind: str) -> int:
+        return int(hits[v].get(kind, np.array([])).sum())
+
+    after, follow = "after another conversation", "follow-ups"
+    admissible = [v for v in variants[1:] if total(v, after) >= total(variants[0], after) - slack]
+    if not admissible:
+        print("  the rule: no candidate is admissible (top-1 after another conversation); nothing changes")
+        return
+    best = max(admissible, key=lambda v: (total(v, follow), v == variants[1]))
+    gain = total(best, follow) - total(variants[0], follow)
+    print(f"  the rule: {best} " + (f"goes on to step 2 (follow-ups {gain:+d})" if gain >= need else
+                                    f"gains {gain:+d} follow-ups, under {need}; nothing changes"))
+
+
+def history_candidates_report(path: Path) -> None:
+    """Base, C1 and C2 (history_candidate_pick) per kind of request, paired against base, the name choices each
+    asks, and the decision of step 1 of results/rerank-features/history-candidates/RULE.txt."""
+    doc = json.loads(Path(path).read_text())
+    rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
+    swapped = sum(r.get("choice15_h") is not None for r in rows)
+    print(f"{path}: {len(rows)} requests, tau = {tau:.4f}; the conversation's own tool outside the first {ck} on "
+          f"{swapped} escalated requests")
+
+    def asked(r: dict, v: str) -> bool:
+        return escalated(r, tau) and (likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN
+                                      or (v == "C2" and r.get("choice15_h") is not None))
+
+    def note(rs: list[dict]) -> str:
+        return f"the conversation's own best tool is the gold one for {sum(r.get('hist_key') in r['gold'] for r in rs)}"
+
+    history_variants_report(rows, ["base", "C1", "C2"], lambda r, v: history_candidate_pick(r, v, tau, ck), "gold",
+                            asked, note, slack=1, need=2)
 
 
 def server_cards_report(path: Path) -> None:
@@ -785,39 +802,20 @@ def server_cards_report(path: Path) -> None:
     results/rerank-features/server-cards/RULE.txt."""
     doc = json.loads(Path(path).read_text())
     rows, tau, ck = doc["samples"]["queries"], doc["params"]["tau"], doc["params"]["choice_k"]
-    variants = ["base"] + [f"s{n}" for n in doc["params"]["server_cards"]]
-    kinds: dict[str, list[dict]] = {}
-    for r in rows:
-        kinds.setdefault(request_kind(r), []).append(r)
-    hits = {v: {k: np.array([server_cards_pick(r, v, tau, ck) in r["gold_strict"] for r in rs])
-                for k, rs in kinds.items()} for v in variants}
     print(f"{path}: {len(rows)} requests, tau = {tau:.4f}")
-    for k, rs in kinds.items():
+
+    def asked(r: dict, v: str) -> bool:
+        return escalated(r, tau) and ((v != "base" and r.get(f"choice15_{v}") is not None)
+                                      or likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN)
+
+    def note(rs: list[dict]) -> str:
         conv = sum(r.get("conv_server") is not None and
                    any(g.split("/")[0] == r["conv_server"] for g in r["gold_strict"]) for r in rs)
-        print(f"  {k} ({len(rs)}): the conversation's server is the gold tool's for {conv}")
-        base = hits["base"][k]
-        for v in variants:
-            h = hits[v][k]
-            fixed, broken = int((h & ~base).sum()), int((~h & base).sum())
-            asks = sum(escalated(r, tau) and ((v != "base" and r.get(f"choice15_{v}") is not None)
-                                               or likelihood_margin(r["ll05_2"]) < CascadeReranker.ASK_MARGIN)
-                       for r in rs)
-            print(f"    {v}: top-1 {h.sum()} ({h.mean() * 100:.1f} %), {fixed} fixed / {broken} broken against base, "
-                  f"sign test p = {sign_test(fixed, broken):.3f}; the name choice asked on {asks}")
+        return f"the conversation's server is the gold tool's for {conv}"
 
-    def total(v: str, kind: str) -> int:
-        return int(hits[v].get(kind, np.array([])).sum())
-
-    after, follow = "after another conversation", "follow-ups"
-    admissible = [v for v in variants[1:] if total(v, after) >= total("base", after) - 2]
-    if not admissible:
-        print("  the rule: no candidate is admissible (top-1 after another conversation); nothing changes")
-        return
-    best = max(admissible, key=lambda v: (total(v, follow), v == "s3"))
-    gain = total(best, follow) - total("base", follow)
-    print(f"  the rule: {best} " + (f"goes on to step 2 (follow-ups {gain:+d})" if gain >= 3 else
-                                    f"gains {gain:+d} follow-ups, under 3; nothing changes"))
+    variants = ["base"] + [f"s{n}" for n in doc["params"]["server_cards"]]
+    history_variants_report(rows, variants, lambda r, v: server_cards_pick(r, v, tau, ck), "gold_strict", asked, note,
+                            slack=2, need=3)
 
 
 def main() -> None:
